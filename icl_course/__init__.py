@@ -1,0 +1,26 @@
+"""icl_course: the package behind the course "In-context learning as optimisation".
+
+One module per concept, each importable on its own:
+
+* :mod:`icl_course.data`: the regression task, noise laws, samplers;
+* :mod:`icl_course.models`: linear self-attention (``full``, ``diag``, ``gdpp``, ``gd``) and the GD construction;
+* :mod:`icl_course.baselines`: least squares, ridge, ConstRR/AdaRR/TunedRR, gradient descent;
+* :mod:`icl_course.theory`: closed forms;
+* :mod:`icl_course.evaluate`: losses with standard errors;
+* :mod:`icl_course.train`: training with checkpoints and resumption;
+* :mod:`icl_course.checkpoints`: saving and loading models;
+* :mod:`icl_course.plots`, :mod:`icl_course.widgets`: figures and sliders for the notebooks.
+"""
+
+from .baselines import (AdaRR, ConstRR, TunedRR, gradient_descent, least_squares,
+                        noise_variance_estimate, oracle_ridge, ridge)
+from .checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
+from .data import (CategoricalNoise, FixedNoise, RegressionTasks, TaskBatch, UniformNoise,
+                   context_gram)
+from .evaluate import (Estimate, adjusted_loss, adjusted_losses, expected_loss, noise_profile, per_layer_loss,
+                       query_averaged_loss, sampled_query_loss)
+from .models import LinearSelfAttention, LinearTransformer, ModelOutput, gd_construction
+from .runtime import make_generator, resolve_device, resolve_dtype
+from .train import TrainingDiverged, TrainingHistory, train
+
+__version__ = "0.1.0"

@@ -1,0 +1,152 @@
+"""Losses and their Monte-Carlo estimates.
+
+The loss is half the mean squared error, ``1/2 E[(y_hat - y_t)^2]`` (COURSE.md fixes this
+scale: it is the scale of Table 1).  Every predictor here is linear in the query,
+``y_hat = <w_hat, x_t>`` with ``w_hat`` independent of ``x_t``, so the expectation over
+the query is exact: ``1/2 (w_hat - w)^T S (w_hat - w)``, with ``S`` the query's covariance
+(the identity by default).  Using it removes the query's noise from every estimate.
+
+A *predictor* is anything that maps a :class:`~icl_course.data.TaskBatch` to weights
+(B, d): a baseline such as :func:`~icl_course.baselines.oracle_ridge`, a fitted
+:class:`~icl_course.baselines.ConstRR`, or a
+:class:`~icl_course.models.LinearTransformer` (its last layer's ``w^L`` is used).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .baselines import oracle_ridge
+from .data import FixedNoise, RegressionTasks, TaskBatch
+from .models import ModelOutput
+from .runtime import make_generator
+
+__all__ = [
+    "Estimate",
+    "query_averaged_loss",
+    "sampled_query_loss",
+    "expected_loss",
+    "adjusted_loss",
+    "adjusted_losses",
+    "per_layer_loss",
+    "noise_profile",
+]
+
+EVALUATION_SEED = 2024  # differs from every training seed, so no model is scored on its own batches
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A Monte-Carlo mean with its standard error over ``num_tasks`` independent tasks."""
+
+    mean: float
+    stderr: float
+    num_tasks: int
+
+    def __str__(self) -> str:
+        return f"{self.mean:.4g} ± {self.stderr:.2g}"
+
+    def __format__(self, spec: str) -> str:
+        if not spec:
+            return str(self)
+        return f"{format(self.mean, spec)} ± {format(self.stderr, spec)}"
+
+
+def _weights_of(predictor: Callable, batch: TaskBatch) -> torch.Tensor:
+    output = predictor(batch)
+    return output.weights if isinstance(output, ModelOutput) else output
+
+
+def query_averaged_loss(weights: torch.Tensor, batch: TaskBatch) -> torch.Tensor:
+    """Exact ``1/2 E_{x_t}[(<w_hat, x_t> - <w, x_t>)^2]`` per task.
+
+    Shapes: ``weights`` (B, d) or (B, L, d) -> (B,) or (B, L).
+    """
+    if weights.shape[0] != batch.num_tasks or weights.shape[-1] != batch.d:
+        raise ValueError(f"weights of shape {tuple(weights.shape)} do not fit {batch.num_tasks} tasks with d={batch.d}")
+    truth = batch.w if weights.dim() == 2 else batch.w.unsqueeze(1)
+    error = weights - truth
+    if batch.covariance is None:
+        return 0.5 * (error**2).sum(-1)
+    return 0.5 * ((error @ batch.covariance.to(error)) * error).sum(-1)
+
+
+def sampled_query_loss(predictions: torch.Tensor, batch: TaskBatch) -> torch.Tensor:
+    """``1/2 (y_hat - y_t)^2`` on the batch's own queries.  Shapes: (B,) or (B, L) -> same."""
+    targets = batch.y_t if predictions.dim() == 1 else batch.y_t.unsqueeze(1)
+    return 0.5 * (predictions - targets) ** 2
+
+
+def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: RegressionTasks,
+                 num_tasks: int, chunk_size: int, seed) -> list[Estimate]:
+    """Mean and standard error of ``per_task(batch)`` ((B,) or (B, K)) over fresh chunks."""
+    if num_tasks < 2:
+        raise ValueError(f"num_tasks must be at least 2 to have a standard error, got {num_tasks}")
+    generator = make_generator(EVALUATION_SEED if seed is None else seed)
+    total = total_squares = None
+    done = 0
+    with torch.no_grad():
+        while done < num_tasks:
+            size = min(chunk_size, num_tasks - done)
+            values = per_task(sampler.sample(size, generator)).double().reshape(size, -1)
+            sums, squares = values.sum(0).cpu(), (values**2).sum(0).cpu()
+            total = sums if total is None else total + sums
+            total_squares = squares if total_squares is None else total_squares + squares
+            done += size
+    mean = total / num_tasks
+    variance = (total_squares / num_tasks - mean**2).clamp(min=0) * num_tasks / (num_tasks - 1)
+    return [Estimate(float(m), math.sqrt(float(v) / num_tasks), num_tasks) for m, v in zip(mean, variance)]
+
+
+def expected_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int = 100_000,
+                  chunk_size: int = 50_000, seed=None) -> Estimate:
+    """``1/2 E[(y_hat - y_t)^2]`` over ``num_tasks`` fresh tasks from ``sampler``."""
+    return _monte_carlo(lambda batch: query_averaged_loss(_weights_of(predictor, batch), batch),
+                        sampler, num_tasks, chunk_size, seed)[0]
+
+
+def adjusted_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int = 100_000,
+                  chunk_size: int = 50_000, seed=None) -> Estimate:
+    """Loss minus the oracle ridge's loss on the same tasks (seed 002, section 6).
+
+    Paired on the same tasks, so the standard error is that of the difference.
+    """
+    return adjusted_losses({"predictor": predictor}, sampler, num_tasks, chunk_size, seed)["predictor"]
+
+
+def adjusted_losses(predictors: dict, sampler: RegressionTasks, num_tasks: int = 100_000,
+                    chunk_size: int = 50_000, seed=None) -> dict:
+    """:func:`adjusted_loss` for several predictors on the very same tasks: name -> Estimate.
+
+    The oracle is computed once per chunk, and every predictor sees the same tasks, so the
+    differences between two rows are themselves paired comparisons.
+    """
+    names = list(predictors)
+
+    def differences(batch):
+        oracle = query_averaged_loss(oracle_ridge(batch), batch)
+        return torch.stack([query_averaged_loss(_weights_of(predictors[name], batch), batch) - oracle
+                            for name in names], dim=-1)
+    return dict(zip(names, _monte_carlo(differences, sampler, num_tasks, chunk_size, seed)))
+
+
+def per_layer_loss(model, sampler: RegressionTasks, num_tasks: int = 100_000,
+                   chunk_size: int = 50_000, seed=None, adjusted: bool = False) -> list[Estimate]:
+    """The loss of every layer's intermediate prediction ``-y_t^l``, l = 1..L (a list of L)."""
+    def per_layer(batch):
+        losses = query_averaged_loss(model(batch).layer_weights, batch)
+        if adjusted:
+            losses = losses - query_averaged_loss(oracle_ridge(batch), batch).unsqueeze(1)
+        return losses
+    return _monte_carlo(per_layer, sampler, num_tasks, chunk_size, seed)
+
+
+def noise_profile(predictor: Callable, sampler: RegressionTasks, sigmas: Sequence[float],
+                  num_tasks: int = 20_000, chunk_size: int = 50_000, seed=None) -> list[Estimate]:
+    """Adjusted loss at each fixed noise level in ``sigmas`` (chapter 4's per-noise profile)."""
+    return [adjusted_loss(predictor, sampler.with_noise(FixedNoise(float(sigma))), num_tasks,
+                          chunk_size, seed) for sigma in sigmas]

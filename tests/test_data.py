@@ -1,0 +1,106 @@
+import pytest
+import torch
+
+from icl_course import CategoricalNoise, FixedNoise, RegressionTasks, UniformNoise, context_gram
+
+
+def test_tokens_hold_context_then_query(float64_tasks):
+    batch = float64_tasks(d=3, n=5).sample(7, seed=0)
+    tokens = batch.tokens
+    assert tokens.shape == (7, 6, 4)
+    assert torch.equal(tokens[:, :5, :3], batch.X)
+    assert torch.equal(tokens[:, :5, 3], batch.y)
+    assert torch.equal(tokens[:, 5, :3], batch.x_t)
+    assert torch.all(tokens[:, 5, 3] == 0)
+
+
+def test_noiseless_labels_are_linear_and_query_target_has_no_noise(float64_tasks):
+    batch = float64_tasks(noise=0.0).sample(50, seed=1)
+    assert torch.allclose(batch.y, torch.einsum("bnd,bd->bn", batch.X, batch.w), atol=1e-12)
+    assert torch.allclose(batch.y_t, (batch.x_t * batch.w).sum(-1), atol=1e-12)
+
+
+def test_label_noise_has_the_requested_variance(float64_tasks):
+    batch = float64_tasks(d=3, n=20, noise=2.0).sample(20_000, seed=2)
+    residuals = batch.y - torch.einsum("bnd,bd->bn", batch.X, batch.w)
+    variance = residuals.var().item()
+    standard_error = 4.0 * (2 / residuals.numel()) ** 0.5
+    assert abs(variance - 4.0) < 4 * standard_error
+    assert torch.all(batch.sigma == 2.0)
+
+
+def test_gram_blocks_are_sigma_alpha_and_label_energy(float64_tasks):
+    batch = float64_tasks().sample(6, seed=3)
+    gram, d = batch.gram, batch.d
+    assert torch.allclose(gram[:, :d, :d], batch.Sigma)
+    assert torch.allclose(gram[:, :d, d], batch.alpha)
+    assert torch.allclose(gram[:, d, d], batch.label_energy)
+    assert torch.allclose(context_gram(batch.X, batch.y), gram)
+
+
+def test_seeds_reproduce_tasks_and_dtypes_agree():
+    float32 = RegressionTasks(5, 8, UniformNoise(2), device="cpu")
+    float64 = RegressionTasks(5, 8, UniformNoise(2), dtype=torch.float64, device="cpu")
+    first, again, other = float32.sample(10, seed=4), float32.sample(10, seed=4), float32.sample(10, seed=5)
+    assert torch.equal(first.X, again.X) and torch.equal(first.y, again.y)
+    assert not torch.allclose(first.X, other.X)
+    assert torch.allclose(float64.sample(10, seed=4).y.float(), first.y)
+
+
+def test_a_generator_advances_between_batches():
+    tasks = RegressionTasks(2, 3, device="cpu")
+    generator = torch.Generator().manual_seed(0)
+    assert not torch.equal(tasks.sample(4, generator).X, tasks.sample(4, generator).X)
+
+
+@pytest.mark.parametrize("noise, second_moment", [
+    (FixedNoise(1.5), 2.25), (UniformNoise(3), 3.0), (CategoricalNoise([1, 3]), 5.0),
+])
+def test_noise_laws_match_their_second_moment(noise, second_moment):
+    levels = noise.sample(200_000, torch.Generator().manual_seed(0))
+    assert noise.second_moment == pytest.approx(second_moment)
+    assert (levels**2).mean().item() == pytest.approx(second_moment, rel=0.02)
+    assert levels.min() >= 0 and levels.max() <= noise.largest
+
+
+def test_categorical_noise_draws_only_its_levels_equally_often():
+    levels = CategoricalNoise([1, 3, 5]).sample(30_000, torch.Generator().manual_seed(1))
+    counts = torch.stack([(levels == value).sum() for value in (1.0, 3.0, 5.0)])
+    assert counts.sum() == 30_000
+    assert torch.all((counts - 10_000).abs() < 400)
+
+
+def test_covariances_shape_inputs_and_weights():
+    S = torch.tensor([[2.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 0.5]], dtype=torch.float64)
+    tasks = RegressionTasks(3, 10, covariance=S, weight_covariance=torch.linalg.inv(S),
+                            dtype=torch.float64, device="cpu")
+    batch = tasks.sample(40_000, seed=6)
+    inputs = batch.X.reshape(-1, 3)
+    assert torch.allclose(inputs.T @ inputs / inputs.shape[0], S, atol=0.03)
+    assert torch.allclose(batch.w.T @ batch.w / batch.num_tasks, torch.linalg.inv(S), atol=0.1)
+    assert torch.equal(batch.covariance, S)
+
+
+def test_batches_slice_and_move():
+    batch = RegressionTasks(2, 3, device="cpu").sample(10, seed=0)
+    assert batch[:4].num_tasks == 4 and torch.equal(batch[:4].w, batch.w[:4])
+    assert batch.to(dtype=torch.float64).X.dtype == torch.float64
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: RegressionTasks(0, 5), "d must be a positive integer"),
+    (lambda: RegressionTasks(3, -1), "n must be a positive integer"),
+    (lambda: RegressionTasks(2, 5, noise=-1.0), "sigma must be a finite number >= 0"),
+    (lambda: RegressionTasks(2, 5, noise="loud"), "noise must be a number"),
+    (lambda: RegressionTasks(2, 5, covariance=torch.eye(3)), r"covariance must have shape \(2, 2\)"),
+    (lambda: RegressionTasks(2, 5, covariance=torch.tensor([[1.0, 2.0], [2.0, 1.0]])), "positive definite"),
+    (lambda: RegressionTasks(2, 5, covariance=torch.tensor([[1.0, 0.5], [0.0, 1.0]])), "symmetric"),
+    (lambda: CategoricalNoise([]), "at least one noise level"),
+    (lambda: UniformNoise(float("nan")), "finite"),
+    (lambda: RegressionTasks(2, 5, dtype=torch.float16), "dtype"),
+    (lambda: RegressionTasks(2, 5, device="gpu0"), "not a device"),
+    (lambda: RegressionTasks(2, 5).sample(0), "num_tasks must be a positive integer"),
+])
+def test_bad_arguments_say_what_is_wrong(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()

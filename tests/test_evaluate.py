@@ -1,0 +1,82 @@
+import pytest
+import torch
+
+from icl_course import (Estimate, RegressionTasks, UniformNoise, adjusted_loss, expected_loss,
+                        gd_construction, gradient_descent, least_squares, noise_profile, oracle_ridge,
+                        per_layer_loss, query_averaged_loss, sampled_query_loss, theory)
+
+
+def zero_predictor(batch):
+    return torch.zeros_like(batch.w)
+
+
+def test_query_averaged_loss_is_the_mean_of_sampled_query_losses(float64_tasks):
+    S = torch.tensor([[1.5, 0.3], [0.3, 0.5]], dtype=torch.float64)
+    for covariance in (None, S):
+        batch = float64_tasks(d=2, n=6, covariance=covariance).sample(200_000, seed=0)
+        weights = least_squares(batch.X, batch.y)
+        sampled = sampled_query_loss((weights * batch.x_t).sum(-1), batch)
+        exact = query_averaged_loss(weights, batch)
+        difference = sampled - exact
+        assert abs(difference.mean()) < 4 * difference.std() / len(difference) ** 0.5
+        assert exact.var() < sampled.var()  # the point of averaging the query out
+
+
+def test_expected_loss_of_predicting_zero_is_half_the_dimension():
+    # 1/2 ||w||^2 with w ~ N(0, I_d): mean d/2, variance d/2
+    tasks = RegressionTasks(6, 4, device="cpu")
+    estimate = expected_loss(zero_predictor, tasks, num_tasks=40_000, chunk_size=15_000)
+    assert abs(estimate.mean - 3.0) < 4 * estimate.stderr
+    assert estimate.stderr == pytest.approx((3.0 / 40_000) ** 0.5, rel=0.05)
+    assert estimate.num_tasks == 40_000
+
+
+def test_adjusted_loss_of_the_oracle_is_zero_and_of_others_positive():
+    tasks = RegressionTasks(4, 10, UniformNoise(2), dtype=torch.float64, device="cpu")
+    assert adjusted_loss(oracle_ridge, tasks, num_tasks=1000).mean == 0.0
+    estimate = adjusted_loss(lambda b: least_squares(b.X, b.y), tasks, num_tasks=20_000)
+    assert estimate.mean > 4 * estimate.stderr
+
+
+def test_per_layer_loss_follows_gradient_descent():
+    tasks = RegressionTasks(3, 12, 0.0, dtype=torch.float64, device="cpu")
+    model = gd_construction(3, 12, 0.5, num_layers=4)
+    layers = per_layer_loss(model, tasks, num_tasks=5000)
+    expected = [expected_loss(lambda b, k=k: gradient_descent(b.X, b.y, 0.5, 4)[:, k], tasks, num_tasks=5000)
+                for k in range(1, 5)]
+    for measured, reference in zip(layers, expected):
+        assert measured.mean == pytest.approx(reference.mean, rel=1e-9)
+    assert all(a.mean > b.mean for a, b in zip(layers, layers[1:]))
+
+
+def test_noise_profile_of_least_squares_grows_from_zero():
+    tasks = RegressionTasks(3, 12, UniformNoise(2), dtype=torch.float64, device="cpu")
+    profile = noise_profile(lambda b: least_squares(b.X, b.y), tasks, [0.0, 1.0, 2.0], num_tasks=5000)
+    assert abs(profile[0].mean) < 1e-12
+    assert 0 < profile[1].mean < profile[2].mean
+
+
+def test_one_step_closed_form_matches_monte_carlo():
+    noise = UniformNoise(3)
+    tasks = RegressionTasks(5, 12, noise, dtype=torch.float64, device="cpu")
+    best = theory.optimal_one_step_coefficient(5, 12, noise)
+    assert best == pytest.approx(1 / (12 + 5 + 1 + 3))
+    for coefficient in (best, 0.5 * best, 1.5 * best):
+        estimate = expected_loss(lambda b: coefficient * b.alpha, tasks, num_tasks=60_000)
+        closed_form = theory.one_step_loss(5, 12, noise, coefficient)
+        assert abs(estimate.mean - closed_form) < 4 * estimate.stderr
+        if coefficient != best:
+            assert closed_form > theory.one_step_loss(5, 12, noise)
+
+
+def test_estimate_formats_with_its_error():
+    assert str(Estimate(0.12345, 0.0012, 10)) == "0.1235 ± 0.0012"
+    assert f"{Estimate(0.12345, 0.0012, 10):.3f}" == "0.123 ± 0.001"
+
+
+def test_too_few_tasks_for_a_standard_error():
+    with pytest.raises(ValueError, match="at least 2"):
+        expected_loss(zero_predictor, RegressionTasks(2, 3, device="cpu"), num_tasks=1)
+    batch = RegressionTasks(2, 3, device="cpu").sample(4)
+    with pytest.raises(ValueError, match="do not fit"):
+        query_averaged_loss(torch.zeros(4, 3), batch)

@@ -1,0 +1,98 @@
+"""The repository's promises: one dependency list, documented public functions, notebooks
+stored executed and clean, CI running the README's command."""
+
+import inspect
+import re
+import tomllib
+
+import nbformat
+import pytest
+import yaml
+
+import icl_course
+from conftest import ROOT
+
+CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name
+
+
+def requirement(text):
+    name, bound = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", text).groups()
+    return CONDA_NAMES.get(name.lower(), name.lower()), bound.replace(" ", "")
+
+
+def test_environment_yml_names_the_same_dependencies_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    expected = dict(requirement(item) for item in project["dependencies"] + project["optional-dependencies"]["lab"])
+    environment = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda = [item for item in environment["dependencies"] if isinstance(item, str)]
+    assert "pip" in conda and conda.index("pip") < len(conda), "pip must be listed before the pip: section"
+    pip_section = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
+    assert any(line.startswith("-e") and ".[dev]" in line for line in pip_section)
+    listed = dict(requirement(item) for item in conda if not item.startswith(("python", "pip")))
+    assert listed == expected
+    assert "conda-forge" in environment["channels"]
+
+
+def test_torch_is_never_pinned_to_a_release_that_would_replace_colabs():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for item in project["dependencies"]:
+        name, bound = requirement(item)
+        assert bound.startswith(">="), f"{item}: runtime requirements take lower bounds only"
+
+
+def public_callables():
+    for module_name in ("runtime", "data", "models", "baselines", "theory", "evaluate", "train",
+                        "checkpoints", "plots", "widgets"):
+        module = getattr(__import__(f"icl_course.{module_name}"), module_name)
+        for name in getattr(module, "__all__", []):
+            obj = getattr(module, name)
+            if inspect.isfunction(obj) or inspect.isclass(obj):
+                yield f"{module_name}.{name}", obj
+                if inspect.isclass(obj):
+                    for attribute, member in vars(obj).items():
+                        if not attribute.startswith("_") and (inspect.isfunction(member) or isinstance(member, property)):
+                            # an override may inherit the documentation of the method it overrides
+                            documented = [vars(base)[attribute] for base in obj.__mro__ if attribute in vars(base)]
+                            yield f"{module_name}.{name}.{attribute}", documented
+
+
+def docstring(obj):
+    return inspect.getdoc(obj.fget if isinstance(obj, property) else obj)
+
+
+@pytest.mark.parametrize("name, obj", list(public_callables()), ids=lambda value: value if isinstance(value, str) else "")
+def test_every_public_function_has_a_docstring(name, obj):
+    candidates = obj if isinstance(obj, list) else [obj]
+    assert any((docstring(item) or "").strip() for item in candidates), f"{name} needs a docstring"
+
+
+TENSOR_ARGUMENTS = {"X", "y", "x_t", "weights", "predictions", "tokens", "gram", "preconditioner"}
+
+
+@pytest.mark.parametrize("name, obj", [(n, o) for n, o in public_callables() if inspect.isfunction(o)],
+                         ids=lambda value: value if isinstance(value, str) else "")
+def test_functions_of_tensors_state_their_shapes(name, obj):
+    if TENSOR_ARGUMENTS & set(inspect.signature(obj).parameters):
+        assert re.search(r"\(B|[Ss]hapes?", inspect.getdoc(obj)), f"{name}: say the shapes in the docstring"
+
+
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
+def test_notebooks_are_stored_executed_and_clean(path):
+    notebook = nbformat.read(path, as_version=4)
+    assert notebook.cells[0].cell_type == "markdown" and notebook.cells[0].source.startswith("# ")
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert all(cell.execution_count for cell in code), "run `make notebooks` to store current outputs"
+    text = path.read_text()
+    assert '"output_type": "error"' not in text
+    assert "image/svg+xml" not in text, "figures must be PNG"
+    assert not re.search(r"/(work|tmp|root|home)/", text), "no absolute paths of one machine"
+    assert "arXiv:" in notebook.cells[-1].source or "arXiv:" in text, "a references section with arXiv identifiers"
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "make lab" in readme and "make test" in readme
