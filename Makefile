@@ -11,7 +11,7 @@ STAMP := $(VENV)/.icl-course-installed
 # no browser where there is no display to show it
 NO_BROWSER := $(if $(or $(DISPLAY),$(WAYLAND_DISPLAY),$(filter Darwin,$(shell uname -s))),,--no-browser)
 
-.PHONY: install lab test course notebooks benchmark clean
+.PHONY: install lab test course notebooks exercises benchmark clean
 
 install: $(STAMP)
 
@@ -45,3 +45,7 @@ benchmark: $(STAMP)
 
 clean:
 	rm -rf build .pytest_cache
+
+# Regenerate the learners' notebooks in exercises/ from the answer keys in solutions/.
+exercises: $(STAMP)
+	$(BIN)/python -m icl_course.exercises

@@ -13,11 +13,12 @@ One module per concept, each importable on its own:
 """
 
 from .baselines import (AdaRR, ConstRR, TunedRR, gradient_descent, least_squares,
-                        noise_variance_estimate, oracle_ridge, ridge)
+                        noise_variance_estimate, oracle_ridge, ridge, tune_step_sizes)
 from .checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from .data import (CategoricalNoise, FixedNoise, RegressionTasks, TaskBatch, UniformNoise,
                    context_gram)
-from .evaluate import (Estimate, adjusted_loss, adjusted_losses, expected_loss, noise_profile, per_layer_loss,
+from .evaluate import (Estimate, adjusted_loss, adjusted_losses, expected_loss, loss_difference,
+                       noise_profile, per_layer_loss,
                        query_averaged_loss, sampled_query_loss)
 from .models import LinearSelfAttention, LinearTransformer, ModelOutput, gd_construction
 from .runtime import make_generator, resolve_device, resolve_dtype

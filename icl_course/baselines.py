@@ -18,6 +18,8 @@ for any ``ridge_lambda`` costs O(d) per task: a whole grid of values is cheap.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .data import TaskBatch
@@ -31,6 +33,7 @@ __all__ = [
     "AdaRR",
     "TunedRR",
     "gradient_descent",
+    "tune_step_sizes",
 ]
 
 
@@ -226,27 +229,74 @@ class TunedRR:
         return f"TunedRR(factor={self.factor}, cap={self.cap})"
 
 
-def gradient_descent(X: torch.Tensor, y: torch.Tensor, eta: float, num_steps: int,
+def _step_sizes(eta, num_steps: int, like: torch.Tensor) -> torch.Tensor:
+    """``eta`` as a (num_steps,) tensor: a number is used at every step."""
+    steps = torch.as_tensor(eta, dtype=like.dtype, device=like.device)
+    if steps.dim() == 0:
+        return steps.expand(num_steps)
+    if steps.shape != (num_steps,):
+        raise ValueError(f"eta must be a number or hold one step size per step ({num_steps}), got shape {tuple(steps.shape)}")
+    return steps
+
+
+def gradient_descent(X: torch.Tensor, y: torch.Tensor, eta, num_steps: int,
                      preconditioner: torch.Tensor | None = None) -> torch.Tensor:
     """Iterates of (preconditioned) GD on ``L(w) = 1/(2n) sum_i (<w, x_i> - y_i)^2`` from 0.
 
-    ``w_{k+1} = w_k - eta * A grad L(w_k)`` with ``A = preconditioner`` (identity if None).
-    Shapes: ``X`` (B, n, d), ``y`` (B, n), ``preconditioner`` (d, d) -> (B, num_steps + 1, d),
-    the starting point ``w_0 = 0`` first.  The loop runs over steps, never over tasks.
+    ``w_{k+1} = w_k - eta_k * A grad L(w_k)`` with ``A = preconditioner`` (identity if None);
+    ``eta`` is one number or a sequence of ``num_steps`` step sizes (differentiable, so step
+    sizes can be tuned by gradient).  Shapes: ``X`` (B, n, d), ``y`` (B, n), ``preconditioner``
+    (d, d) -> (B, num_steps + 1, d), the starting point ``w_0 = 0`` first.  The loop runs over
+    steps, never over tasks.
     """
     _check_context(X, y)
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
     n, d = X.shape[-2], X.shape[-1]
-    step_matrix = eta * (torch.eye(d, dtype=X.dtype, device=X.device) if preconditioner is None
-                         else torch.as_tensor(preconditioner, dtype=X.dtype, device=X.device))
-    if step_matrix.shape != (d, d):
-        raise ValueError(f"preconditioner must have shape ({d}, {d}), got {tuple(step_matrix.shape)}")
+    steps = _step_sizes(eta, num_steps, X)
+    direction = (torch.eye(d, dtype=X.dtype, device=X.device) if preconditioner is None
+                 else torch.as_tensor(preconditioner, dtype=X.dtype, device=X.device))
+    if direction.shape != (d, d):
+        raise ValueError(f"preconditioner must have shape ({d}, {d}), got {tuple(direction.shape)}")
     Sigma = X.transpose(-1, -2) @ X / n
     alpha = (X.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1) / n
     iterates = [torch.zeros_like(alpha)]
-    for _ in range(num_steps):
+    for step in range(num_steps):
         w = iterates[-1]
         gradient = (Sigma @ w.unsqueeze(-1)).squeeze(-1) - alpha
-        iterates.append(w - gradient @ step_matrix.T)
+        iterates.append(w - steps[step] * gradient @ direction.T)
     return torch.stack(iterates, dim=1)
+
+
+def tune_step_sizes(batch: TaskBatch, num_steps: int, per_step: bool = True) -> torch.Tensor:
+    """Step sizes of GD that minimise the mean loss of its last iterate on ``batch``.
+
+    ``per_step=True`` tunes one ``eta_k`` per step, otherwise one shared ``eta``.  L-BFGS on
+    the exact query-averaged loss (float64), started around the one-step optimum
+    ``eta = n / (n + d + 1)``.  The order of the steps does not change the last iterate, so
+    the (num_steps,) result is sorted ascending.  Tune on one sample, score on another.
+    """
+    batch = batch.to(dtype=torch.float64)
+    n, d = batch.n, batch.d
+    base = math.log(n / (n + d + 1))
+    # GD's iterate is a polynomial in Sigma whose factors commute, so equal step sizes are a
+    # symmetric stationary point: start from distinct ones, and sort the answer.
+    spread = torch.linspace(-0.7, 0.7, num_steps, dtype=torch.float64) if per_step and num_steps > 1 \
+        else torch.zeros(1, dtype=torch.float64)
+    log_steps = (base + spread).requires_grad_(True)  # optimised in log space: step sizes stay positive
+    optimizer = torch.optim.LBFGS([log_steps], max_iter=200, line_search_fn="strong_wolfe",
+                                  tolerance_grad=1e-12, tolerance_change=1e-14)
+
+    def mean_loss():
+        optimizer.zero_grad()
+        eta = torch.exp(log_steps).expand(num_steps)
+        error = gradient_descent(batch.X, batch.y, eta, num_steps)[:, -1] - batch.w
+        if batch.covariance is None:
+            loss = 0.5 * (error**2).sum(-1).mean()
+        else:
+            loss = 0.5 * ((error @ batch.covariance.to(error)) * error).sum(-1).mean()
+        loss.backward()
+        return loss
+
+    optimizer.step(mean_loss)
+    return torch.exp(log_steps.detach()).expand(num_steps).sort().values

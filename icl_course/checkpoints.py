@@ -65,6 +65,9 @@ def save_checkpoint(path: str | os.PathLike, model: LinearTransformer,
     os.close(handle)
     try:
         torch.save(payload, temporary)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp creates private files; a checkpoint is not
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):

@@ -30,6 +30,7 @@ __all__ = [
     "query_averaged_loss",
     "sampled_query_loss",
     "expected_loss",
+    "loss_difference",
     "adjusted_loss",
     "adjusted_losses",
     "per_layer_loss",
@@ -107,6 +108,15 @@ def expected_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int 
     """``1/2 E[(y_hat - y_t)^2]`` over ``num_tasks`` fresh tasks from ``sampler``."""
     return _monte_carlo(lambda batch: query_averaged_loss(_weights_of(predictor, batch), batch),
                         sampler, num_tasks, chunk_size, seed)[0]
+
+
+def loss_difference(predictor: Callable, reference: Callable, sampler: RegressionTasks,
+                    num_tasks: int = 100_000, chunk_size: int = 50_000, seed=None) -> Estimate:
+    """``loss(predictor) - loss(reference)``, paired on the same tasks (a small standard error)."""
+    def difference(batch):
+        return (query_averaged_loss(_weights_of(predictor, batch), batch)
+                - query_averaged_loss(_weights_of(reference, batch), batch))
+    return _monte_carlo(difference, sampler, num_tasks, chunk_size, seed)[0]
 
 
 def adjusted_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int = 100_000,

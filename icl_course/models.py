@@ -87,6 +87,23 @@ class LinearSelfAttention(nn.Module):
             values = torch.randn(shape, generator=generator, dtype=torch.float64) * init_scale
             self.register_parameter(name, nn.Parameter(values.to(device=device, dtype=dtype)))
 
+    @classmethod
+    def from_matrices(cls, P: torch.Tensor, Q: torch.Tensor) -> "LinearSelfAttention":
+        """A ``full`` layer with the given merged matrices: (D, D) for one head or (H, D, D).
+
+        The layer takes the dtype and device of ``P``; ``d = D - 1``.
+        """
+        P, Q = torch.as_tensor(P), torch.as_tensor(Q)
+        if P.dim() == 2:
+            P, Q = P.unsqueeze(0), Q.unsqueeze(0) if Q.dim() == 2 else Q
+        if P.dim() != 3 or P.shape != Q.shape or P.shape[1] != P.shape[2]:
+            raise ValueError(f"P and Q must both have shape (D, D) or (H, D, D); got {tuple(P.shape)} and {tuple(Q.shape)}")
+        layer = cls(P.shape[1] - 1, P.shape[0], "full", init_scale=0.0, dtype=P.dtype, device=P.device)
+        with torch.no_grad():
+            layer.P.copy_(P)
+            layer.Q.copy_(Q.to(P))
+        return layer
+
     # -- views of the parameters -------------------------------------------------------
 
     def head_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import torch
 
-from .baselines import least_squares, ridge
+from .baselines import gradient_descent, least_squares, ridge
 from .data import RegressionTasks
+from .evaluate import query_averaged_loss
+from .models import gd_construction
 from .plots import plot_task_fits
 
-__all__ = ["show_task_fits", "task_explorer"]
+__all__ = ["show_task_fits", "task_explorer", "show_gd_and_transformer", "gd_explorer"]
 
 
 def show_task_fits(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
@@ -51,4 +53,57 @@ def task_explorer(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
         d=widgets.IntSlider(value=d, min=1, max=12, description="d"),
         sigma=widgets.FloatSlider(value=sigma, min=0.0, max=5.0, step=0.25, description="sigma"),
         seed=widgets.IntSlider(value=seed, min=0, max=20, description="seed"),
+    )
+
+
+def show_gd_and_transformer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0,
+                            num_steps: int = 8, num_tasks: int = 2000, seed: int = 0):
+    """GD's loss per step beside the GD-constructed transformer's loss per layer (chapter 1).
+
+    Left: ``1/2 E||w_k - w||^2`` for ``k = 0..num_steps`` GD steps with step ``eta`` (line) and
+    the loss of layer ``k`` of :func:`~icl_course.models.gd_construction` (markers).  Right: the
+    last layer's predictions against the last GD iterate's, one point per task.  Returns the figure.
+    """
+    tasks = RegressionTasks(d, n, sigma, dtype=torch.float64, device="cpu")
+    batch = tasks.sample(num_tasks, seed=seed)
+    iterates = gradient_descent(batch.X, batch.y, eta, num_steps)
+    with torch.no_grad():
+        output = gd_construction(d, n, eta, num_steps)(batch)
+    gd_losses = query_averaged_loss(iterates, batch).mean(0)
+    layer_losses = query_averaged_loss(output.layer_weights, batch).mean(0)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    left.plot(range(num_steps + 1), gd_losses, color="#4c72b0", label="gradient descent")
+    left.plot(range(1, num_steps + 1), layer_losses, "o", color="#c44e52", markersize=5,
+              label="constructed transformer")
+    left.set_yscale("log")
+    left.set_xlabel("GD steps = transformer layers")
+    left.set_ylabel("loss $\\frac{1}{2}E[(\\hat y - y_t)^2]$")
+    left.set_title(f"eta={eta:g}, n={n}, d={d}, sigma={sigma:g}")
+    left.legend()
+    gd_predictions = (iterates[:200, -1] * batch.x_t[:200]).sum(-1)
+    right.scatter(gd_predictions, output.prediction[:200], s=8, color="#c44e52")
+    bound = float(gd_predictions.abs().max()) * 1.1 if len(gd_predictions) else 1.0
+    bound = bound if bound == bound and bound < 1e6 else 1e6  # a diverging eta: keep the axes finite
+    right.plot([-bound, bound], [-bound, bound], color="#8c8c8c", linewidth=1)
+    right.set_xlabel(f"GD's prediction after {num_steps} steps")
+    right.set_ylabel(f"transformer's prediction, {num_steps} layers")
+    right.set_title("every point lies on the diagonal")
+    figure.tight_layout()
+    return figure
+
+
+def gd_explorer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0):
+    """Sliders for the step size, ``n``, ``d`` and the noise around :func:`show_gd_and_transformer`."""
+    import ipywidgets as widgets
+
+    def draw(eta, n, d, sigma):
+        show_gd_and_transformer(eta, n, d, sigma)
+        plt.show()
+
+    return widgets.interactive(
+        draw,
+        eta=widgets.FloatSlider(value=eta, min=0.05, max=2.5, step=0.05, description="eta"),
+        n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
+        d=widgets.IntSlider(value=d, min=1, max=20, description="d"),
+        sigma=widgets.FloatSlider(value=sigma, min=0.0, max=3.0, step=0.25, description="sigma"),
     )

@@ -3,7 +3,7 @@ import torch
 
 from icl_course import (AdaRR, CategoricalNoise, ConstRR, RegressionTasks, TunedRR, UniformNoise,
                         adjusted_losses, expected_loss, gradient_descent, least_squares,
-                        noise_variance_estimate, oracle_ridge, ridge, theory)
+                        noise_variance_estimate, oracle_ridge, ridge, theory, tune_step_sizes)
 from icl_course.evaluate import query_averaged_loss
 
 # COURSE.md, Table 1 (seed 002, appendix B): columns U(0, 0..7), {1,3}, {1,3,5}
@@ -95,3 +95,24 @@ def test_baselines_and_the_one_layer_optimum_reproduce_table_1(column):
         assert abs(value - target) <= tolerance, f"{name} at {noise.label}: {value:.4f} vs paper {target}"
     # the estimates are precise enough for the comparison to mean something
     assert all(estimate.stderr < 0.01 * max(estimate.mean, 0.3) for estimate in scores.values())
+
+
+def test_tuned_step_sizes_beat_any_constant_step_and_ignore_order(float64_tasks):
+    tasks = float64_tasks(d=4, n=10, noise=0.0)
+    tuning = tasks.sample(20_000, seed=5)
+    one = tune_step_sizes(tuning, 1)
+    assert one.item() == pytest.approx(10 / 15, rel=0.03)  # the one-step optimum n / (n + d + 1)
+    steps = tune_step_sizes(tuning, 3)
+    assert torch.all(steps[1:] >= steps[:-1])
+    scoring = tasks.sample(20_000, seed=6)
+    def loss(eta):
+        return query_averaged_loss(gradient_descent(scoring.X, scoring.y, eta, 3)[:, -1], scoring).mean()
+    shared = tune_step_sizes(tuning, 3, per_step=False)
+    assert loss(steps) < loss(shared) < loss(one.item())
+    assert torch.allclose(loss(steps), loss(steps.flip(0)))  # GD's steps commute
+
+
+def test_step_sizes_must_match_the_number_of_steps(float64_tasks):
+    batch = float64_tasks().sample(2, seed=0)
+    with pytest.raises(ValueError, match="one step size per step"):
+        gradient_descent(batch.X, batch.y, torch.tensor([0.1, 0.2]), 3)

@@ -80,3 +80,13 @@ def test_too_few_tasks_for_a_standard_error():
     batch = RegressionTasks(2, 3, device="cpu").sample(4)
     with pytest.raises(ValueError, match="do not fit"):
         query_averaged_loss(torch.zeros(4, 3), batch)
+
+
+def test_loss_difference_is_paired():
+    from icl_course import loss_difference
+    tasks = RegressionTasks(4, 10, 0.5, dtype=torch.float64, device="cpu")
+    same = loss_difference(oracle_ridge, oracle_ridge, tasks, num_tasks=1000)
+    assert same.mean == 0.0 and same.stderr == 0.0
+    gap = loss_difference(lambda b: least_squares(b.X, b.y), oracle_ridge, tasks, num_tasks=20_000)
+    separate = expected_loss(lambda b: least_squares(b.X, b.y), tasks, num_tasks=20_000)
+    assert 0 < gap.mean and gap.stderr < separate.stderr
