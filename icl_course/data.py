@@ -273,8 +273,8 @@ def _cholesky_factor(matrix, d: int, name: str) -> torch.Tensor:
 class RegressionTasks:
     """Sampler of in-context linear regression tasks.
 
-    ``x ~ N(0, covariance)`` (identity by default), ``w ~ N(0, weight_covariance)``
-    (identity by default), ``sigma`` from ``noise`` (a number or a
+    ``x ~ N(0, covariance)`` (identity by default), ``w ~ N(weight_mean, weight_covariance)``
+    (zero mean and identity by default), ``sigma`` from ``noise`` (a number or a
     :class:`NoiseDistribution`).  Draws happen on the CPU from the given generator and are
     then cast and moved, so a seed means the same tasks on every device and in both dtypes.
 
@@ -283,7 +283,7 @@ class RegressionTasks:
     """
 
     def __init__(self, d: int, n: int, noise: NoiseLike = 0.0, covariance=None,
-                 weight_covariance=None, dtype: str | torch.dtype = torch.float32,
+                 weight_covariance=None, weight_mean=None, dtype: str | torch.dtype = torch.float32,
                  device: str | torch.device = "auto"):
         self.d = _check_positive_int(d, "d")
         self.n = _check_positive_int(n, "n")
@@ -296,6 +296,11 @@ class RegressionTasks:
                                   else torch.as_tensor(weight_covariance, dtype=torch.float64))
         self._w_factor = (None if weight_covariance is None
                           else _cholesky_factor(weight_covariance, d, "weight_covariance"))
+        self.weight_mean = None
+        if weight_mean is not None:
+            self.weight_mean = torch.as_tensor(weight_mean, dtype=torch.float64)
+            if self.weight_mean.shape != (d,):
+                raise ValueError(f"weight_mean must have shape ({d},), got {tuple(self.weight_mean.shape)}")
 
     def with_noise(self, noise: NoiseLike) -> "RegressionTasks":
         """The same sampler with another noise law (used for per-noise profiles)."""
@@ -321,6 +326,8 @@ class RegressionTasks:
         noise = torch.randn(B, n, generator=generator).double()
         if self._w_factor is not None:
             w = w @ self._w_factor.T
+        if self.weight_mean is not None:
+            w = w + self.weight_mean
         if self._x_factor is not None:
             inputs = inputs @ self._x_factor.T
         X, x_t = inputs[:, :n], inputs[:, n]
@@ -330,5 +337,7 @@ class RegressionTasks:
         return batch.to(device=self.device, dtype=self.dtype)
 
     def __repr__(self) -> str:
-        extra = "" if self.covariance is None else ", covariance=S"
+        extra = ("" if self.covariance is None else ", covariance=S") + \
+            ("" if self.weight_covariance is None else ", weight_covariance=C") + \
+            ("" if self.weight_mean is None else ", weight_mean=m")
         return f"RegressionTasks(d={self.d}, n={self.n}, noise={self.noise.label}{extra})"

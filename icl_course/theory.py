@@ -6,9 +6,12 @@ executable.
 
 from __future__ import annotations
 
+import torch
+
 from .data import NoiseLike, as_noise
 
-__all__ = ["optimal_one_step_coefficient", "one_step_loss"]
+__all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
+           "preconditioned_one_step_loss", "one_layer_bilinear_form"]
 
 
 def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> float:
@@ -38,3 +41,76 @@ def one_step_loss(d: int, n: int, noise: NoiseLike = 0.0, coefficient: float | N
         coefficient = optimal_one_step_coefficient(d, n, noise)
     c = coefficient
     return 0.5 * d * (1 - 2 * c * n + c**2 * n * (n + d + 1 + second_moment))
+
+
+def _covariance(covariance) -> torch.Tensor:
+    S = torch.as_tensor(covariance, dtype=torch.float64)
+    if S.dim() != 2 or S.shape[0] != S.shape[1]:
+        raise ValueError(f"covariance must be a square (d, d) matrix, got shape {tuple(S.shape)}")
+    return S
+
+
+def optimal_preconditioner(covariance, n: int, noise: NoiseLike = 0.0, weights: str = "identity") -> torch.Tensor:
+    """The best ``B`` in ``y_hat = <B alpha, x_t>`` when ``x ~ N(0, S)`` (chapter 2).
+
+    With ``W = X^T X`` Wishart, ``E[W M W] = n^2 S M S + n S M^T S + n tr(M S) S`` (Isserlis), and
+    minimising the quadratic loss in ``B`` gives, with ``s2 = E[sigma^2]``:
+
+    * ``weights="inverse"``, ``w ~ N(0, S^-1)``: ``B* = S^-1 / (n + d + 1 + s2)``, a multiple of ``S^-1``
+      (seed 004, last section; the problem is isotropic in whitened coordinates);
+    * ``weights="identity"``, ``w ~ N(0, I)``: ``B* = ((n + 1) S + (tr S + s2) I)^-1``, which is *not*
+      a multiple of ``S^-1`` unless ``S`` is.
+
+    Shapes: ``covariance`` (d, d) -> (d, d), float64.
+    """
+    S = _covariance(covariance)
+    d = S.shape[0]
+    second_moment = as_noise(noise).second_moment
+    if weights == "inverse":
+        return torch.linalg.inv(S) / (n + d + 1 + second_moment)
+    if weights == "identity":
+        return torch.linalg.inv((n + 1) * S + (torch.trace(S) + second_moment) * torch.eye(d, dtype=S.dtype))
+    raise ValueError(f"weights must be 'identity' (w ~ N(0, I)) or 'inverse' (w ~ N(0, S^-1)), got {weights!r}")
+
+
+def preconditioned_one_step_loss(preconditioner, covariance, n: int, noise: NoiseLike = 0.0,
+                                 weights: str = "identity") -> float:
+    """``1/2 E[(<B alpha, x_t> - y_t)^2]`` in closed form for ``x ~ N(0, S)`` (see above).
+
+    With ``C = E[w w^T]`` (``I`` or ``S^-1``) and ``M = B^T S B``:
+    ``2 L = n^2 tr(S M S C) + n tr(S M S C) + n tr(M S) tr(S C) - 2 n tr(S B S C) + tr(S C) + s2 n tr(M S)``.
+    Shapes: ``preconditioner`` (d, d), ``covariance`` (d, d).
+    """
+    S = _covariance(covariance)
+    B = torch.as_tensor(preconditioner, dtype=torch.float64)
+    if weights not in ("identity", "inverse"):
+        raise ValueError(f"weights must be 'identity' or 'inverse', got {weights!r}")
+    C = torch.eye(S.shape[0], dtype=S.dtype) if weights == "identity" else torch.linalg.inv(S)
+    M = B.T @ S @ B
+    second_moment = as_noise(noise).second_moment
+    twice = ((n * n + n) * torch.trace(S @ M @ S @ C) + n * torch.trace(M @ S) * torch.trace(S @ C)
+             - 2 * n * torch.trace(S @ B @ S @ C) + torch.trace(S @ C) + second_moment * n * torch.trace(M @ S))
+    return 0.5 * float(twice)
+
+
+def one_layer_bilinear_form(layer) -> dict:
+    """Read a one-layer model's prediction as forms of the context (chapter 2).
+
+    The query's new last coordinate is ``sum_k (P_k G Q_k)[d, :d] x_t``, and with
+    ``G = [[Sigma, alpha], [alpha^T, lambda]]`` the prediction ``y_hat = -(...)`` is
+
+        y_hat = <B alpha, x_t> + sum_{a,b} Sigma_ab <K_ab, x_t> + lambda <v, x_t>,
+
+    returned as ``{"B": (d, d), "Sigma_terms": (d, d, d) K, "label_energy_term": (d,) v}``.
+    GD is ``B = c I`` with the other two zero.
+    """
+    P, Q = layer.head_matrices()
+    P, Q = P.detach().double(), Q.detach().double()
+    d = P.shape[-1] - 1
+    p_x, p_y = P[:, d, :d], P[:, d, d]            # (H, d), (H,)
+    Q_xx, q_yx = Q[:, :d, :d], Q[:, d, :d]        # (H, d, d), (H, d)
+    # y_hat = -[(p_x^T Sigma + p_y alpha^T) Q_xx + (p_x^T alpha + p_y lambda) q_yx^T] x_t
+    B = -(torch.einsum("h,hji->ij", p_y, Q_xx) + torch.einsum("hi,hj->ij", q_yx, p_x))
+    sigma_terms = -torch.einsum("ha,hbj->abj", p_x, Q_xx)
+    label_energy_term = -torch.einsum("h,hj->j", p_y, q_yx)
+    return {"B": B, "Sigma_terms": sigma_terms, "label_energy_term": label_energy_term}

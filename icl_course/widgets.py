@@ -10,10 +10,11 @@ import torch
 from .baselines import gradient_descent, least_squares, ridge
 from .data import RegressionTasks
 from .evaluate import query_averaged_loss
-from .models import gd_construction
+from .models import LinearTransformer, gd_construction
 from .plots import plot_task_fits
 
-__all__ = ["show_task_fits", "task_explorer", "show_gd_and_transformer", "gd_explorer"]
+__all__ = ["show_task_fits", "task_explorer", "show_gd_and_transformer", "gd_explorer",
+           "show_one_step_loss", "step_size_explorer"]
 
 
 def show_task_fits(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
@@ -106,4 +107,52 @@ def gd_explorer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0):
         n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
         d=widgets.IntSlider(value=d, min=1, max=20, description="d"),
         sigma=widgets.FloatSlider(value=sigma, min=0.0, max=3.0, step=0.25, description="sigma"),
+    )
+
+
+def show_one_step_loss(n: int = 20, d: int = 10, sigma: float = 1.0, train_steps: int = 200, seed: int = 0):
+    """The loss of one GD step as a function of ``eta``, its optimum, and a trained layer's step (chapter 2).
+
+    The curve is the closed form :func:`~icl_course.theory.one_step_loss` with ``c = eta / n``;
+    the dashed line marks ``eta* = n / (n + d + 1 + sigma^2)``; the red marker is the step
+    ``eta = -n w_yx`` that a one-layer ``diag`` model learns in ``train_steps`` Adam steps.
+    Returns the figure.
+    """
+    from . import theory
+    from .train import train
+
+    best = n * theory.optimal_one_step_coefficient(d, n, sigma)
+    etas = torch.linspace(0.0, 2.2 * best, 200, dtype=torch.float64)
+    losses = [theory.one_step_loss(d, n, sigma, float(eta) / n) for eta in etas]
+    model = LinearTransformer(d, 1, 1, "diag", init_scale=0.1, seed=seed, device="cpu")
+    train(model, RegressionTasks(d, n, sigma, device="cpu"), train_steps, batch_size=1024,
+          learning_rate=2e-2, progress=False, seed=seed)
+    learned = -n * model.layers[0].diagonal_weights()["w_yx"].item()
+    figure, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.plot(etas, losses, color="#4c72b0", label="closed form $\\frac{d}{2}(1 - 2cn + c^2 n(n+d+1+\\sigma^2))$")
+    ax.axvline(best, color="#4c72b0", linestyle="--", label=f"optimum eta* = {best:.3f}")
+    ax.plot([learned], [theory.one_step_loss(d, n, sigma, learned / n)], "o", color="#c44e52", markersize=8,
+            label=f"trained layer: eta = {learned:.3f}")
+    ax.set_xlabel("step size $\\eta$ (prediction $\\frac{\\eta}{n}\\langle \\alpha, x_t \\rangle$)")
+    ax.set_ylabel("loss $\\frac{1}{2}E[(\\hat y - y_t)^2]$")
+    ax.set_title(f"n={n}, d={d}, sigma={sigma:g}")
+    ax.set_ylim(0, max(losses[0], losses[-1]) * 1.05)
+    ax.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def step_size_explorer(n: int = 20, d: int = 10, sigma: float = 1.0):
+    """Sliders for ``n``, ``d`` and ``sigma`` around :func:`show_one_step_loss`."""
+    import ipywidgets as widgets
+
+    def draw(n, d, sigma):
+        show_one_step_loss(n, d, sigma)
+        plt.show()
+
+    return widgets.interactive(
+        draw,
+        n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
+        d=widgets.IntSlider(value=d, min=1, max=20, description="d"),
+        sigma=widgets.FloatSlider(value=sigma, min=0.0, max=5.0, step=0.25, description="sigma"),
     )
