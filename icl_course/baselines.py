@@ -58,6 +58,16 @@ def _check_context(X: torch.Tensor, y: torch.Tensor) -> None:
         )
 
 
+def _solve(matrix: torch.Tensor, right: torch.Tensor, method: str) -> torch.Tensor:
+    try:
+        return torch.linalg.solve(matrix, right)
+    except torch.linalg.LinAlgError:
+        raise ValueError(
+            f"{method}: Sigma (+ ridge_lambda I) is singular for at least one task, e.g. when its inputs are "
+            "linearly dependent or n < d with ridge_lambda = 0; use a positive ridge_lambda"
+        ) from None
+
+
 def least_squares(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Ordinary least squares per task, ``w* = Sigma^-1 alpha`` (seed 002, eq. 4).
 
@@ -68,7 +78,7 @@ def least_squares(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     # The normal equations: at these sizes one batched LU solve is several times faster
     # than a QR-based lstsq, and Sigma is well conditioned unless n is close to d.
     Sigma = X.transpose(-1, -2) @ X
-    return torch.linalg.solve(Sigma, X.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1)
+    return _solve(Sigma, X.transpose(-1, -2) @ y.unsqueeze(-1), "least squares").squeeze(-1)
 
 
 def ridge(X: torch.Tensor, y: torch.Tensor, ridge_lambda) -> torch.Tensor:
@@ -82,11 +92,16 @@ def ridge(X: torch.Tensor, y: torch.Tensor, ridge_lambda) -> torch.Tensor:
         raise ValueError(f"ridge_lambda must be a number or have shape ({X.shape[0]},), got {tuple(ridge_lambda.shape)}")
     if (ridge_lambda < 0).any():
         raise ValueError("ridge_lambda must be >= 0")
+    if X.shape[-2] < X.shape[-1] and (ridge_lambda == 0).any():
+        raise ValueError(
+            f"ridge with ridge_lambda = 0 is least squares, which needs n >= d (got n={X.shape[-2]}, "
+            f"d={X.shape[-1]}): Sigma is singular. Use a positive ridge_lambda"
+        )
     d = X.shape[-1]
     Sigma = X.transpose(-1, -2) @ X
     alpha = (X.transpose(-1, -2) @ y.unsqueeze(-1))
     regulariser = ridge_lambda.reshape(-1, 1, 1) * torch.eye(d, dtype=X.dtype, device=X.device)
-    return torch.linalg.solve(Sigma + regulariser, alpha).squeeze(-1)
+    return _solve(Sigma + regulariser, alpha, "ridge").squeeze(-1)
 
 
 def oracle_ridge(batch: TaskBatch) -> torch.Tensor:

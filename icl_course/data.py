@@ -312,6 +312,9 @@ class RegressionTasks:
     def sample(self, num_tasks: int, seed: int | torch.Generator | None = None) -> TaskBatch:
         """Draw ``num_tasks`` tasks; ``seed`` is an int or a ``torch.Generator`` (advanced in place).
 
+        An int (or None, meaning 0) gives the same tasks on every call; pass one generator to
+        successive calls to draw a stream of fresh batches.
+
         Returns a :class:`TaskBatch` with ``X`` (B, n, d), ``y`` (B, n), ``x_t`` (B, d),
         ``y_t`` (B,), ``w`` (B, d), ``sigma`` (B,).
         """

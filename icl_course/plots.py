@@ -57,24 +57,24 @@ def plot_task_fits(batch, weights: Mapping[str, torch.Tensor], queries: torch.Te
         _, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
     left, right = axes
     d = batch.d
-    truth = batch.w[0].cpu()
+    truth = batch.w[0].detach().cpu()
     series = {"truth": truth, **{name: value.detach().cpu() for name, value in weights.items()}}
     width = 0.8 / len(series)
     for index, (name, value) in enumerate(series.items()):
-        left.bar(torch.arange(d) + (index - (len(series) - 1) / 2) * width, value, width, label=name,
-                 color=COLORS.get(name))
+        left.bar((torch.arange(d) + (index - (len(series) - 1) / 2) * width).numpy(), value.numpy(), width,
+                 label=name, color=COLORS.get(name))
     left.set_xticks(range(d), [f"$w_{{{i + 1}}}$" for i in range(d)] if d <= 12 else None)
     left.set_xlabel("coordinate of the weight vector")
     left.set_ylabel("value")
     left.set_title(f"one task: d={d}, n={batch.n}, sigma={float(batch.sigma[0]):.2g}")
     left.legend(fontsize=8)
-    targets = queries.cpu() @ truth
+    targets = (queries.cpu() @ truth).numpy()
     for name, value in weights.items():
         value = value.detach().cpu()
         loss = 0.5 * float(((value - truth) ** 2).sum())
-        right.scatter(targets, queries.cpu() @ value, s=8, alpha=0.6, label=f"{name}: loss {loss:.3g}",
+        right.scatter(targets, (queries.cpu() @ value).numpy(), s=8, alpha=0.6, label=f"{name}: loss {loss:.3g}",
                       color=COLORS.get(name))
-    bound = float(targets.abs().max()) * 1.1
+    bound = float(abs(targets).max()) * 1.1
     right.plot([-bound, bound], [-bound, bound], color=COLORS["truth"], linewidth=1, label="y_hat = y_t")
     right.set_xlabel("true target $y_t = \\langle w, x_t \\rangle$")
     right.set_ylabel("prediction $\\hat y$")

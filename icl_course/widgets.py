@@ -40,16 +40,23 @@ def show_task_fits(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
     return figure
 
 
+def _explorer(show, **controls):
+    """An ``ipywidgets.interactive`` that redraws ``show(**values)`` whenever a control moves."""
+    import ipywidgets as widgets
+
+    def draw(**values):
+        show(**values)
+        plt.show()
+
+    return widgets.interactive(draw, **controls)
+
+
 def task_explorer(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
     """Sliders for ``n``, ``d``, ``sigma`` and the seed around :func:`show_task_fits`."""
     import ipywidgets as widgets
 
-    def draw(n, d, sigma, seed):
-        show_task_fits(n, d, sigma, seed)
-        plt.show()
-
-    return widgets.interactive(
-        draw,
+    return _explorer(
+        show_task_fits,
         n=widgets.IntSlider(value=n, min=1, max=60, description="n"),
         d=widgets.IntSlider(value=d, min=1, max=12, description="d"),
         sigma=widgets.FloatSlider(value=sigma, min=0.0, max=5.0, step=0.25, description="sigma"),
@@ -73,8 +80,8 @@ def show_gd_and_transformer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: f
     gd_losses = query_averaged_loss(iterates, batch).mean(0)
     layer_losses = query_averaged_loss(output.layer_weights, batch).mean(0)
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    left.plot(range(num_steps + 1), gd_losses, color="#4c72b0", label="gradient descent")
-    left.plot(range(1, num_steps + 1), layer_losses, "o", color="#c44e52", markersize=5,
+    left.plot(range(num_steps + 1), gd_losses.numpy(), color="#4c72b0", label="gradient descent")
+    left.plot(range(1, num_steps + 1), layer_losses.numpy(), "o", color="#c44e52", markersize=5,
               label="constructed transformer")
     left.set_yscale("log")
     left.set_xlabel("GD steps = transformer layers")
@@ -82,7 +89,7 @@ def show_gd_and_transformer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: f
     left.set_title(f"eta={eta:g}, n={n}, d={d}, sigma={sigma:g}")
     left.legend()
     gd_predictions = (iterates[:200, -1] * batch.x_t[:200]).sum(-1)
-    right.scatter(gd_predictions, output.prediction[:200], s=8, color="#c44e52")
+    right.scatter(gd_predictions.numpy(), output.prediction[:200].numpy(), s=8, color="#c44e52")
     bound = float(gd_predictions.abs().max()) * 1.1 if len(gd_predictions) else 1.0
     bound = bound if bound == bound and bound < 1e6 else 1e6  # a diverging eta: keep the axes finite
     right.plot([-bound, bound], [-bound, bound], color="#8c8c8c", linewidth=1)
@@ -97,12 +104,8 @@ def gd_explorer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0):
     """Sliders for the step size, ``n``, ``d`` and the noise around :func:`show_gd_and_transformer`."""
     import ipywidgets as widgets
 
-    def draw(eta, n, d, sigma):
-        show_gd_and_transformer(eta, n, d, sigma)
-        plt.show()
-
-    return widgets.interactive(
-        draw,
+    return _explorer(
+        show_gd_and_transformer,
         eta=widgets.FloatSlider(value=eta, min=0.05, max=2.5, step=0.05, description="eta"),
         n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
         d=widgets.IntSlider(value=d, min=1, max=20, description="d"),
@@ -129,7 +132,7 @@ def show_one_step_loss(n: int = 20, d: int = 10, sigma: float = 1.0, train_steps
           learning_rate=2e-2, progress=False, seed=seed)
     learned = -n * model.layers[0].diagonal_weights()["w_yx"].item()
     figure, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot(etas, losses, color="#4c72b0", label="closed form $\\frac{d}{2}(1 - 2cn + c^2 n(n+d+1+\\sigma^2))$")
+    ax.plot(etas.numpy(), losses, color="#4c72b0", label="closed form $\\frac{d}{2}(1 - 2cn + c^2 n(n+d+1+\\sigma^2))$")
     ax.axvline(best, color="#4c72b0", linestyle="--", label=f"optimum eta* = {best:.3f}")
     ax.plot([learned], [theory.one_step_loss(d, n, sigma, learned / n)], "o", color="#c44e52", markersize=8,
             label=f"trained layer: eta = {learned:.3f}")
@@ -146,12 +149,8 @@ def step_size_explorer(n: int = 20, d: int = 10, sigma: float = 1.0):
     """Sliders for ``n``, ``d`` and ``sigma`` around :func:`show_one_step_loss`."""
     import ipywidgets as widgets
 
-    def draw(n, d, sigma):
-        show_one_step_loss(n, d, sigma)
-        plt.show()
-
-    return widgets.interactive(
-        draw,
+    return _explorer(
+        show_one_step_loss,
         n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
         d=widgets.IntSlider(value=d, min=1, max=20, description="d"),
         sigma=widgets.FloatSlider(value=sigma, min=0.0, max=5.0, step=0.25, description="sigma"),

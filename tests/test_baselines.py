@@ -116,3 +116,15 @@ def test_step_sizes_must_match_the_number_of_steps(float64_tasks):
     batch = float64_tasks().sample(2, seed=0)
     with pytest.raises(ValueError, match="one step size per step"):
         gradient_descent(batch.X, batch.y, torch.tensor([0.1, 0.2]), 3)
+
+
+def test_singular_problems_get_a_clear_message():
+    from icl_course import RegressionTasks
+    batch = RegressionTasks(4, 2, 0.0, dtype=torch.float64, device="cpu").sample(3, seed=0)
+    with pytest.raises(ValueError, match="needs n >= d"):
+        oracle_ridge(batch)  # sigma = 0 and n < d
+    duplicated = type(batch)(batch.X[:, :1].expand(3, 5, 4), batch.y[:, :1].expand(3, 5), batch.x_t, batch.y_t,
+                             batch.w, batch.sigma)
+    with pytest.raises(ValueError, match="singular for at least one task"):
+        least_squares(duplicated.X, duplicated.y)  # five copies of one example
+    assert torch.isfinite(ridge(batch.X, batch.y, 0.1)).all()

@@ -1,0 +1,28 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from icl_course.widgets import (gd_explorer, show_gd_and_transformer, show_one_step_loss,  # noqa: E402
+                                show_task_fits, step_size_explorer, task_explorer)
+
+
+@pytest.mark.parametrize("show, arguments", [
+    (show_task_fits, {}), (show_task_fits, {"n": 3, "d": 5, "sigma": 0.0}),
+    (show_gd_and_transformer, {}), (show_gd_and_transformer, {"eta": 2.4}),
+    (show_one_step_loss, {"train_steps": 20}),
+])
+def test_every_figure_has_labelled_axes(show, arguments):
+    figure = show(**arguments)
+    for axes in figure.axes:
+        assert axes.get_xlabel() and axes.get_ylabel()
+    plt.close(figure)
+
+
+@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer])
+def test_explorers_offer_sliders(explorer):
+    widget = explorer()
+    assert len(widget.kwargs) >= 3
+    plt.close("all")
