@@ -10,6 +10,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.icl-course-installed
 # no browser where there is no display to show it
 NO_BROWSER := $(if $(or $(DISPLAY),$(WAYLAND_DISPLAY),$(filter Darwin,$(shell uname -s))),,--no-browser)
+# containers and Colab-like machines run as root, which JupyterLab refuses unless told
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 .PHONY: install lab test course notebooks exercises benchmark clean
 
@@ -19,11 +21,11 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null && echo "torch is already installed: keeping it" \
 		|| $(BIN)/python -m pip install "$(TORCH)"
-	$(BIN)/python -m pip install -e ".[lab,dev]"
+	$(BIN)/python -m pip install -e ".[lab,dev,grading]"
 	@touch $@
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab --port=$(PORT) $(NO_BROWSER) --ServerApp.root_dir=. \
+	$(BIN)/jupyter lab --port=$(PORT) $(NO_BROWSER) $(ALLOW_ROOT) --ServerApp.root_dir=. \
 		--LabApp.default_url=/lab/tree/chapters
 
 test: $(STAMP)

@@ -1,81 +1,127 @@
-"""Exercise notebooks generated from their solutions: one source of truth.
+"""Exercise notebooks generated from their answer keys by nbgrader: one source of truth.
 
-A solution notebook in ``solutions/`` marks each answer with
+A notebook in ``solutions/`` is an nbgrader *source* notebook:
 
-    ### BEGIN SOLUTION
-    ...the answer...
-    ### END SOLUTION
+* an **answer cell** holds the answer between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` and
+  carries nbgrader metadata ``solution: true`` with ``grade_id`` ``taskK_answer``;
+* the **self-check cell** under it starts with ``# self-check, task K``; it is locked, graded, worth
+  the points that the heading ``## Task K: ... (N points)`` announces, and may hold checks that only
+  grading runs between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``;
+* every other cell is locked (read-only): grading restores it from the source if a learner edits it.
 
-and may hold checks that only the instructor runs between ``### BEGIN HIDDEN TESTS`` and
-``### END HIDDEN TESTS``.  The exercise notebook is the same notebook with each answer replaced by
-``raise NotImplementedError()`` (markdown answers by ``YOUR ANSWER HERE``), hidden tests removed and
-outputs cleared, the same convention as nbgrader's, so the learner's notebook keeps every
-visible self-check.
+:func:`mark_cells` writes that metadata from the markers, so a chapter author only writes the
+markers.  :func:`generate` runs ``nbgrader generate_assignment`` in a scratch course directory and
+copies the released notebooks to ``exercises/``: answers become ``raise NotImplementedError()``,
+hidden tests disappear, outputs are cleared, and nbgrader's checksums are kept for grading.
 
-    python -m icl_course.exercises            # write exercises/ from solutions/
+    python -m icl_course.exercises            # write exercises/ from solutions/ (make exercises)
     python -m icl_course.exercises --check    # exit 1 if a committed exercise is out of date
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
 
-__all__ = ["make_exercise", "generate", "UNFINISHED"]
+__all__ = ["UNFINISHED", "mark_cells", "task_points", "generate", "GenerationError"]
 
 UNFINISHED = "raise NotImplementedError()"
-_SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)", re.M | re.S)
-_HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n.*?^[ \t]*### END HIDDEN TESTS[^\n]*(\n|$)", re.M | re.S)
+_SELF_CHECK = re.compile(r"^# self-check, task (\d+)")
+_TASK_HEADING = re.compile(r"^## Task (\d+):.*\((\d+) points?\)", re.M)
 
 
-def _strip_code(source: str) -> str:
-    source = _HIDDEN.sub("", source)
-    return _SOLUTION.sub(lambda match: f"{match.group(1)}# YOUR CODE HERE\n{match.group(1)}{UNFINISHED}\n",
-                         source).rstrip("\n")
+class GenerationError(RuntimeError):
+    """A solution notebook is not a valid source notebook, or nbgrader failed on it."""
 
 
-def _strip_markdown(source: str) -> str:
-    return _SOLUTION.sub("YOUR ANSWER HERE\n", source).rstrip("\n")
+def task_points(notebook: nbformat.NotebookNode) -> dict[int, int]:
+    """Points per task, read from the headings ``## Task K: ... (N points)``."""
+    points = {}
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            for task, value in _TASK_HEADING.findall(cell.source):
+                points[int(task)] = int(value)
+    return points
 
 
-def make_exercise(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """The learner's notebook for a solution notebook: answers stubbed, hidden tests removed."""
-    exercise = copy.deepcopy(solution)
-    for cell in exercise.cells:
-        if cell.cell_type == "code":
-            cell.source = _strip_code(cell.source)
-            cell.outputs = []
-            cell.execution_count = None
-        elif cell.cell_type == "markdown":
-            cell.source = _strip_markdown(cell.source)
-        cell.pop("attachments", None) if cell.cell_type == "code" else None
+def mark_cells(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Write nbgrader metadata on every cell from the markers described above (in place)."""
+    points = task_points(notebook)
+    answers = 0
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type == "code" and "### BEGIN SOLUTION" in cell.source:
+            answers += 1
+            metadata = {"solution": True, "grade": False, "locked": False, "grade_id": f"task{answers}_answer"}
+        elif cell.cell_type == "code" and _SELF_CHECK.match(cell.source):
+            task = int(_SELF_CHECK.match(cell.source).group(1))
+            if task not in points:
+                raise GenerationError(f"task {task} has a self-check but no heading '## Task {task}: ... (N points)'")
+            metadata = {"solution": False, "grade": True, "locked": True, "points": points[task],
+                        "grade_id": f"task{task}_check"}
+        else:
+            metadata = {"solution": False, "grade": False, "locked": True, "grade_id": f"cell{index}_locked"}
+        cell.metadata["nbgrader"] = {**metadata, "schema_version": 3}
+    checks = sorted(int(cell.metadata["nbgrader"]["grade_id"][4:].split("_")[0]) for cell in notebook.cells
+                    if cell.metadata["nbgrader"]["grade"])
+    if checks != list(range(1, answers + 1)) or sorted(points) != checks:
+        raise GenerationError(
+            f"every task needs one answer cell, one self-check cell and a heading with its points; found "
+            f"{answers} answer cells, self-checks for tasks {checks} and headings for tasks {sorted(points)}"
+        )
+    return notebook
+
+
+def _source_copy(path: Path) -> nbformat.NotebookNode:
+    """The solution as nbgrader should see it: outputs and per-run execution metadata removed."""
+    notebook = nbformat.read(path, as_version=4)
+    for cell in notebook.cells:
         cell.metadata.pop("execution", None)
-    return exercise
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return notebook
 
 
-def _render(notebook: nbformat.NotebookNode) -> str:
-    return nbformat.writes(notebook) + "\n"
+def _nbgrader(arguments: list[str], course: Path) -> None:
+    # nbgrader calls the `alembic` executable of its own environment
+    environment = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    result = subprocess.run([sys.executable, "-m", "nbgrader", *arguments], cwd=course, env=environment,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise GenerationError(f"nbgrader {' '.join(arguments)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
 
 
 def generate(solutions: Path, exercises: Path, check: bool = False) -> list[Path]:
     """Write (or with ``check``, compare) ``exercises/NAME`` for every ``solutions/NAME``.
 
-    Returns the exercise files that were written, or that are out of date when checking.
+    Each notebook is its own nbgrader assignment, named after the file.  Returns the exercise
+    files that were written, or that are out of date when checking.
     """
     changed = []
-    for source in sorted(Path(solutions).glob("*.ipynb")):
-        target = Path(exercises) / source.name
-        text = _render(make_exercise(nbformat.read(source, as_version=4)))
-        if not target.exists() or target.read_text() != text:
-            changed.append(target)
-            if not check:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text)
+    with tempfile.TemporaryDirectory(prefix="icl-course-generate-") as scratch:
+        course = Path(scratch)
+        (course / "nbgrader_config.py").write_text("c = get_config()\nc.CourseDirectory.course_id = 'icl-course'\n")
+        for source in sorted(Path(solutions).glob("*.ipynb")):
+            assignment = source.stem
+            folder = course / "source" / assignment
+            folder.mkdir(parents=True)
+            nbformat.write(_source_copy(source), folder / source.name)
+            _nbgrader(["generate_assignment", assignment, "--force", "--log-level=WARN"], course)
+            text = (course / "release" / assignment / source.name).read_text()
+            target = Path(exercises) / source.name
+            if not target.exists() or target.read_text() != text:
+                changed.append(target)
+                if not check:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(course / "release" / assignment / source.name, target)
+                    os.chmod(target, 0o644)
     return changed
 
 
@@ -87,7 +133,11 @@ def main(argv=None) -> int:
     arguments = parser.parse_args(argv)
     if not arguments.solutions.is_dir():
         parser.error(f"no folder {arguments.solutions}: run this from the repository root")
-    changed = generate(arguments.solutions, arguments.exercises, arguments.check)
+    try:
+        changed = generate(arguments.solutions, arguments.exercises, arguments.check)
+    except GenerationError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     for path in changed:
         print(("out of date: " if arguments.check else "wrote ") + str(path))
     return 1 if arguments.check and changed else 0

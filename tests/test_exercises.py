@@ -1,11 +1,11 @@
-"""Exercise notebooks: generated from the solutions, and failing only where the learner has work to do."""
+"""Exercise notebooks: generated from the solutions by nbgrader, failing only where the learner has work to do."""
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
 from conftest import ROOT
-from icl_course.exercises import UNFINISHED, generate, make_exercise
+from icl_course.exercises import UNFINISHED, GenerationError, generate, mark_cells, task_points
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
@@ -16,17 +16,47 @@ def test_committed_exercises_are_generated_from_the_solutions():
     assert {path.name for path in (ROOT / "exercises").glob("*.ipynb")} == {path.name for path in SOLUTIONS}
 
 
-def test_generation_stubs_answers_and_drops_hidden_tests():
-    solution = nbformat.v4.new_notebook(cells=[
+def tiny_solution():
+    return nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Tiny\n\n## Task 1: doubling (2 points)"),
         nbformat.v4.new_code_cell("def f(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
-        nbformat.v4.new_code_cell("assert f(1) == 2\n### BEGIN HIDDEN TESTS\nassert f(3) == 6\n### END HIDDEN TESTS\nprint('ok')"),
-        nbformat.v4.new_markdown_cell("Why?\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION"),
-    ])
-    exercise = make_exercise(solution)
-    assert exercise.cells[0].source == f"def f(x):\n    # YOUR CODE HERE\n    {UNFINISHED}"
-    assert exercise.cells[1].source == "assert f(1) == 2\nprint('ok')"
-    assert exercise.cells[2].source == "Why?\nYOUR ANSWER HERE"
-    assert "2 * x" in solution.cells[0].source  # the source is left alone
+        nbformat.v4.new_code_cell("# self-check, task 1\nassert f(1) == 2\n### BEGIN HIDDEN TESTS\nassert f(3) == 6\n"
+                                  "### END HIDDEN TESTS\nprint('ok')"),
+    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+
+
+def test_generation_stubs_answers_drops_hidden_tests_and_locks_checks(tmp_path):
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(mark_cells(tiny_solution()), tmp_path / "solutions" / "tiny.ipynb")
+    assert generate(tmp_path / "solutions", tmp_path / "exercises") == [tmp_path / "exercises" / "tiny.ipynb"]
+    exercise = nbformat.read(tmp_path / "exercises" / "tiny.ipynb", as_version=4)
+    answer, check = exercise.cells[1], exercise.cells[2]
+    assert "2 * x" not in answer.source and UNFINISHED in answer.source
+    assert "f(3)" not in check.source and "assert f(1) == 2" in check.source
+    assert check.metadata["nbgrader"]["locked"] and check.metadata["nbgrader"]["points"] == 2
+    assert "checksum" in check.metadata["nbgrader"]
+    assert generate(tmp_path / "solutions", tmp_path / "exercises", check=True) == []
+
+
+def test_marking_refuses_a_task_without_points():
+    notebook = tiny_solution()
+    notebook.cells[0].source = "# Tiny\n\n## Task 1: doubling"
+    with pytest.raises(GenerationError, match="no heading"):
+        mark_cells(notebook)
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda path: path.name)
+def test_solutions_are_nbgrader_source_notebooks(solution):
+    notebook = nbformat.read(solution, as_version=4)
+    cells = [cell.metadata.get("nbgrader") for cell in notebook.cells]
+    assert all(cells), "every cell carries nbgrader metadata: run the notebook through icl_course.exercises.mark_cells"
+    answers = [c for c in cells if c["solution"]]
+    checks = [c for c in cells if c["grade"]]
+    assert 3 <= len(answers) == len(checks) <= 6
+    assert all(c["locked"] for c in checks) and not any(c["locked"] for c in answers)
+    assert sum(c["points"] for c in checks) == sum(task_points(notebook).values())
+    assert all("### BEGIN HIDDEN TESTS" in cell.source for cell in notebook.cells
+               if cell.metadata["nbgrader"]["grade"]), "every check has hidden tests on fresh inputs"
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda path: path.name)
