@@ -11,7 +11,7 @@ and take an optimiser step.
   (n+1) x n attention scores ``e_j^T Q_h e_i`` from the tokens, apply them to the values
   ``P_h e_j``, add the result to every token, and train on one sampled query per task.
 
-Run:  python benchmarks/train_throughput.py [--threads 2] [--steps 30]
+Run:  python benchmarks/train_throughput.py [--threads 2] [--steps 10] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -59,24 +59,37 @@ class StraightforwardLinearTransformer(nn.Module):
         return -tokens[:, -1, -1]
 
 
-def steps_per_second(step, num_steps: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        step()
+def steps_per_second(step, num_steps: int) -> float:
     start = time.perf_counter()
     for _ in range(num_steps):
         step()
     return num_steps / (time.perf_counter() - start)
 
 
+def compare(ours, plain, num_steps: int, rounds: int) -> tuple[float, float, float]:
+    """Median rates of both over alternating rounds, and the median of the per-round ratios.
+
+    Alternating rounds expose both implementations to the same machine state, which matters on a
+    shared virtual machine whose speed drifts by tens of percent within a minute.
+    """
+    for _ in range(5):  # warm-up: allocator, thread pool, first-call overheads
+        ours()
+        plain()
+    rates = [(steps_per_second(ours, num_steps), steps_per_second(plain, num_steps)) for _ in range(rounds)]
+    median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
+    return (median([a for a, _ in rates]), median([b for _, b in rates]), median([a / b for a, b in rates]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (median reported)")
     parser.add_argument("--batch-size", type=int, default=2048)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, batch {args.batch_size}, "
-          f"d=10, n=20, timed steps {args.steps}")
+          f"d=10, n=20, {args.rounds} alternating rounds of {args.steps} steps, medians")
 
     d, n = 10, 20
     tasks = RegressionTasks(d, n, UniformNoise(3), device="cpu")
@@ -104,9 +117,8 @@ def main() -> None:
                 loss.backward()
                 plain_optimizer.step()
 
-            rate_ours = steps_per_second(ours_step, args.steps)
-            rate_plain = steps_per_second(plain_step, args.steps)
-            results[parameterization, num_layers] = rate_ours / rate_plain
+            rate_ours, rate_plain, ratio = compare(ours_step, plain_step, args.steps, args.rounds)
+            results[parameterization, num_layers] = ratio
             print(f"{parameterization} L={num_layers}: icl_course {rate_ours:7.1f} steps/s, "
                   f"straightforward {rate_plain:7.1f} steps/s")
     for parameterization in ("diag", "full"):
