@@ -24,7 +24,8 @@ What it does, in order:
    restored from the source (nbgrader's checksums and ``add_missing_cells``), and the hidden tests
    run.  A broken, hanging or crashing submission is reported and the batch goes on.
 5. **Writes** ``DIR/grades.csv`` (one row per student and assignment: ``student``, ``assignment``,
-   one column per task, ``total``, ``max_total``, ``status``) and ``DIR/feedback/<student>/<assignment>.html``.
+   one column per task, ``total``, ``max_total``, ``status``) and ``DIR/feedback/<student>/<assignment>.html``,
+   the graded notebook with the hidden tests removed (``--hidden-tests-in-feedback`` keeps them).
 
 Submissions are never modified: they are read once, copied, and their hashes are checked again at
 the end.  Everything is written under ``--out``; running again gives the same result.
@@ -178,18 +179,24 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
     return ""
 
 
-def _write_config(course: Path, cell_timeout: float) -> None:
+def _write_config(course: Path, cell_timeout: float, hidden_tests_in_feedback: bool) -> None:
+    # feedback is made from the autograded notebook, which holds the hidden tests: strip them unless asked
+    feedback = ("" if hidden_tests_in_feedback else
+                "from nbgrader.preprocessors import GetGrades, ClearHiddenTests\n"
+                "from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor\n"
+                "c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]\n")
     (course / "nbgrader_config.py").write_text(
         "c = get_config()\n"
         "c.CourseDirectory.course_id = 'icl-course'\n"
         f"c.Execute.timeout = {int(cell_timeout)}\n"
         "c.Execute.interrupt_on_timeout = True\n"
-        "c.OverwriteCells.add_missing_cells = True\n"
+        "c.OverwriteCells.add_missing_cells = True\n" + feedback
     )
 
 
 def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_timeout: float = 60,
-          notebook_timeout: float = 600, memory_gib: float = 4.0, progress: bool = True) -> list[Submission]:
+          notebook_timeout: float = 600, memory_gib: float = 4.0, progress: bool = True,
+          hidden_tests_in_feedback: bool = False) -> list[Submission]:
     """Grade every notebook under ``submissions``; write ``grades.csv`` and feedback under ``out``."""
     from tqdm.auto import tqdm
 
@@ -210,7 +217,7 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
         shutil.rmtree(workspace)
     workspace.mkdir(parents=True)
     (out / MARKER).write_text("made by icl-course grade; safe to delete\n")
-    _write_config(workspace, cell_timeout)
+    _write_config(workspace, cell_timeout, hidden_tests_in_feedback)
     references = {}
     for source in sorted(solutions.glob("*.ipynb")):
         folder = workspace / "source" / source.stem
@@ -324,10 +331,13 @@ def main(argv=None) -> int:
     parser.add_argument("--cell-timeout", type=float, default=60, help="seconds per cell (default 60)")
     parser.add_argument("--notebook-timeout", type=float, default=600, help="seconds per notebook (default 600)")
     parser.add_argument("--memory-limit", type=float, default=4.0, help="GiB per submission (default 4)")
+    parser.add_argument("--hidden-tests-in-feedback", action="store_true",
+                        help="keep the hidden tests in the feedback HTML (by default they are removed)")
     arguments = parser.parse_args(argv)
     try:
         grade(arguments.submissions, arguments.out, arguments.solutions, arguments.cell_timeout,
-              arguments.notebook_timeout, arguments.memory_limit)
+              arguments.notebook_timeout, arguments.memory_limit,
+              hidden_tests_in_feedback=arguments.hidden_tests_in_feedback)
     except ValueError as error:
         parser.error(str(error))
     print(f"grades: {arguments.out / 'grades.csv'}; feedback: {arguments.out / 'feedback'}")

@@ -2,7 +2,9 @@
 
 import csv
 import hashlib
+import html
 import json
+import re
 import shutil
 
 import nbformat
@@ -116,7 +118,10 @@ def test_malformed_files_get_zero_and_a_reason(graded_class):
 def test_submissions_untouched_and_feedback_written(graded_class):
     _, out, rows, before, after = graded_class
     assert before == after
-    assert (out / "feedback" / "alice" / f"{CHAPTER}.html").exists()
+    page = (out / "feedback" / "alice" / f"{CHAPTER}.html").read_text()
+    feedback = html.unescape(re.sub(r"<[^>]+>", "", page))  # the text, without syntax-highlighting tags
+    assert "check_merged_form(D=4, k=3, v=2, seed=0)" in feedback  # the visible self-check is shown
+    assert "HIDDEN TESTS" not in feedback and "D=2 + seed" not in feedback  # the hidden ones are not
     assert not (out / "feedback" / "dave").exists()
 
 
