@@ -222,8 +222,11 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
     for source in sorted(solutions.glob("*.ipynb")):
         folder = workspace / "source" / source.stem
         folder.mkdir(parents=True)
-        nbformat.write(_source_copy(source), folder / source.name)
-        _nbgrader(["generate_assignment", source.stem, "--force", "--log-level=WARN"], workspace)
+        try:
+            nbformat.write(_source_copy(source), folder / source.name)
+            _nbgrader(["generate_assignment", source.stem, "--force", "--log-level=WARN"], workspace)
+        except Exception as error:  # an unreadable answer key must stop the run with its name, not a traceback
+            raise ValueError(f"the answer key {source} cannot be used: {str(error).splitlines()[0][:300]}") from None
         references[source.stem] = _locked_checksums(
             nbformat.read(workspace / "release" / source.stem / source.name, as_version=4))
 

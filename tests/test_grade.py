@@ -147,3 +147,14 @@ def test_command_line_help(capsys):
     assert command(["--help"]) == 0
     assert "icl-course grade" in capsys.readouterr().out
     assert command(["regrade"]) == 2
+
+
+def test_a_broken_answer_key_is_named_not_a_traceback(tmp_path, capsys):
+    (tmp_path / "class").mkdir()
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "broken.ipynb").write_text("not a notebook")
+    with pytest.raises(ValueError, match="answer key .*broken.ipynb cannot be used"):
+        grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", progress=False)
+    with pytest.raises(SystemExit):
+        command(["grade", str(tmp_path / "class"), "--out", str(tmp_path / "out2"), "--solutions", str(tmp_path / "keys")])
+    assert "broken.ipynb cannot be used" in capsys.readouterr().err
