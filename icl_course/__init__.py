@@ -9,7 +9,8 @@ One module per concept, each importable on its own:
 * :mod:`icl_course.evaluate`: losses with standard errors;
 * :mod:`icl_course.train`: training with checkpoints and resumption;
 * :mod:`icl_course.checkpoints`: saving and loading models;
-* :mod:`icl_course.plots`, :mod:`icl_course.widgets`: figures and sliders for the notebooks.
+* :mod:`icl_course.plots`, :mod:`icl_course.widgets`: figures and sliders for the notebooks;
+* :mod:`icl_course.checks`, :mod:`icl_course.exercises`, :mod:`icl_course.grade`: exercises and their grading.
 """
 
 from .baselines import (AdaRR, ConstRR, TunedRR, gradient_descent, least_squares,

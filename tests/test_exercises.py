@@ -1,10 +1,13 @@
 """Exercise notebooks: generated from the solutions by nbgrader, failing only where the learner has work to do."""
 
+import re
+
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
 from conftest import ROOT
+from icl_course.checks import CHECKS, recorded_names
 from icl_course.exercises import UNFINISHED, GenerationError, generate, mark_cells, task_points
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -70,3 +73,20 @@ def test_exercise_fails_only_where_the_learner_has_work_to_do(solution):
     assert not unexpected, f"cells failed for reasons other than an unfinished answer or a self-check: {unexpected}"
     stubs = sum(cell.source.count(UNFINISHED) for cell in exercise.cells if cell.cell_type == "code")
     assert stubs >= 3 and sum(name == "NotImplementedError" for _, name in errors) >= 1
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda path: path.name)
+def test_every_task_is_graded_by_its_trusted_checks(solution):
+    """Each self-check records, in its hidden tests, exactly the checks that icl_course.checks files under its task."""
+    chapter = int(solution.name.split("_")[0])
+    exercise = nbformat.read(ROOT / "exercises" / solution.name, as_version=4)
+    for cell in nbformat.read(solution, as_version=4).cells:
+        if not cell.metadata["nbgrader"]["grade"]:
+            continue
+        task = int(cell.metadata["nbgrader"]["grade_id"][4:].split("_")[0])
+        expected = sorted(name for name, check in CHECKS.items() if (check.chapter, check.task) == (chapter, task))
+        hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
+        assert expected and sorted(recorded_names(hidden)) == expected, f"task {task} of {solution.name}"
+        learner = next(c for c in exercise.cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell.metadata["nbgrader"]["grade_id"])
+        assert sorted(re.findall(r'checks\.self_check\("(\w+)"', learner.source)) == expected
+        assert not recorded_names(learner.source)

@@ -1,9 +1,11 @@
 """End to end: grade a small class that the test makes itself, with nbgrader underneath."""
 
+import copy
 import csv
 import hashlib
 import html
 import json
+import os
 import re
 import shutil
 
@@ -15,6 +17,7 @@ from icl_course.__main__ import main as command
 from icl_course.grade import find_submissions, grade
 
 CHAPTER = "01_linear_attention_is_gradient_descent"
+CHAPTER_2 = "02_one_step_of_gd_is_optimal"
 FULL = 14.0
 
 
@@ -35,14 +38,65 @@ def find_cell(notebook, grade_id):
     return next(cell for cell in notebook.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
+def with_answer(notebook, task, source):
+    """``notebook`` with the answer cell of ``task`` replaced by ``source``."""
+    notebook = nbformat.from_dict(copy.deepcopy(notebook))
+    find_cell(notebook, f"task{task}_answer").source = source
+    return notebook
+
+
+# Attacks from an answer cell, each on top of an otherwise honest notebook (see the threat model in
+# icl_course/grade.py).  The attacked tasks have wrong answers; each attack would make the checks that
+# run in the student's kernel pass or vanish, so only a verdict taken outside the kernel catches it.
+WRONG_LAYER = "def linear_attention(tokens, P, Q):\n    return tokens\n"
+WRONG_STEP = "def best_step_size(d, n, num_tasks=20_000, seed=0):\n    return 0.5\n"
+REDEFINE_HELPERS = WRONG_LAYER + (
+    "checks.self_check = lambda name, function: print(name + ': passed')\n"
+    "checks.record = lambda name, function: None\n")
+PATCH_COMPARISONS = WRONG_LAYER + (
+    "import numpy\n"
+    "always = lambda *args, **kwargs: True\n"
+    "torch.allclose = torch.equal = numpy.allclose = numpy.isclose = always\n"
+    "torch.Tensor.__le__ = torch.Tensor.__lt__ = torch.Tensor.__ge__ = lambda *args: torch.tensor(True)\n"
+    "checks._close = always\n")
+PATCH_BUILTINS = WRONG_STEP + (
+    "import builtins\n"
+    "builtins.abs = lambda value: 0.0\n"
+    "builtins.AssertionError = type('Quiet', (Exception,), {})\n")
+HOOK_EXCEPTIONS = (
+    "ip = get_ipython()\n"
+    "ip.set_custom_exc((BaseException,), lambda shell, kind, value, traceback, tb_offset=None: print('passed'))\n"
+    "ip.showtraceback = lambda *args, **kwargs: None\n"
+    "def merged_form(W_K, W_Q, W_V, W_P):\n    raise NotImplementedError()\n")
+EXIT_KERNEL = "import os\nos._exit(0)\n"
+FAKE_PRINTS = "print('\\n'.join(f'task {k}: passed' for k in range(1, 6)))\n" + WRONG_LAYER
+FLOOD = "for line in range(20_000):\n    print('line', line)\n"
+FORGE_RECORDS = (
+    "import os, torch\n"
+    "class Payload:\n"
+    "    def __reduce__(self):\n"
+    "        return os.system, ('touch {marker}',)\n"
+    "folder = os.environ.get('ICL_COURSE_ANSWERS', '.')\n"
+    "torch.save([('output', Payload())], os.path.join(folder, 'merged_form.pt'))\n"
+    "torch.save([('output', torch.zeros(1))] * 6, os.path.join(folder, 'linear_attention.pt'))\n"
+    "def gd_matrices(d, n, eta):\n    raise NotImplementedError()\n")
+GIVEAWAYS = {2: "from icl_course.models import LinearSelfAttention\n"
+                "def linear_attention(tokens, P, Q):\n    return LinearSelfAttention.from_matrices(P, Q)(tokens)\n",
+             3: "from icl_course import gd_construction\n"
+                "def gd_matrices(d, n, eta):\n"
+                "    return tuple(m[0].detach() for m in gd_construction(d, n, eta).layers[0].head_matrices())\n"}
+
+
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory):
     root = tmp_path_factory.mktemp("class")
     solutions = root / "solutions"
     solutions.mkdir()
-    shutil.copy(ROOT / "solutions" / f"{CHAPTER}.ipynb", solutions)
+    for name in (CHAPTER, CHAPTER_2):
+        shutil.copy(ROOT / "solutions" / f"{name}.ipynb", solutions)
     solution = nbformat.read(solutions / f"{CHAPTER}.ipynb", as_version=4)
     exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
+    full = answered(exercise, solution, range(1, 6))
     submitted = root / "submissions"
 
     def hand_in(relative, notebook=None, text=None):
@@ -50,79 +104,208 @@ def graded_class(tmp_path_factory):
         path.parent.mkdir(parents=True, exist_ok=True)
         # json, not nbformat.write, which would repair the defects this class is made of
         path.write_text(text if text is not None else json.dumps(notebook, indent=1))
+        return path
 
-    hand_in(f"submitted/alice/{CHAPTER}/{CHAPTER}.ipynb", answered(exercise, solution, range(1, 6)))
+    hand_in(f"submitted/alice/{CHAPTER}/{CHAPTER}.ipynb", full)
+    hand_in(f"submitted/alice/{CHAPTER_2}/{CHAPTER_2}.ipynb",
+            answered(nbformat.read(ROOT / "exercises" / f"{CHAPTER_2}.ipynb", as_version=4),
+                     nbformat.read(solutions / f"{CHAPTER_2}.ipynb", as_version=4), range(1, 6)))
     hand_in(f"submitted/bob/{CHAPTER}/{CHAPTER}.ipynb", exercise)
     hand_in(f"submitted/carol/{CHAPTER}/{CHAPTER}.ipynb", answered(exercise, solution, [1]))
     hand_in(f"submitted/dave/{CHAPTER}/{CHAPTER}.ipynb", text="{ this is not json")
-    # a Canvas download, with a split cell's duplicate id and another kernel name
-    erin = answered(exercise, solution, range(1, 6))
+    # a Canvas download, with a split cell's duplicate id, another kernel name and megabytes of outputs
+    erin = nbformat.from_dict(copy.deepcopy(full))
     erin.cells[3].id = erin.cells[2].id
     erin.metadata["kernelspec"] = {"name": "python3-custom", "display_name": "Custom", "language": "python"}
+    erin.cells[2].outputs = [nbformat.v4.new_output("stream", name="stdout", text="x" * 3_000_000)]
     hand_in("erin_LATE_12345_67890_exercise_01.ipynb", erin)
     # tampering with a locked check: it is restored from the source
-    frank = nbformat.from_dict(exercise)
+    frank = nbformat.from_dict(copy.deepcopy(exercise))
     find_cell(frank, "task1_check").source = "print('task 1: passed')"
     hand_in(f"submitted/frank/{CHAPTER}/{CHAPTER}.ipynb", frank)
     # a deleted check cell is added back
-    grace = answered(exercise, solution, range(1, 6))
+    grace = nbformat.from_dict(copy.deepcopy(full))
     grace.cells.remove(find_cell(grace, "task2_check"))
     hand_in(f"submitted/grace/{CHAPTER}/{CHAPTER}.ipynb", grace)
     # an answer that never returns loses only its own task
-    henry = answered(exercise, solution, range(1, 6))
-    find_cell(henry, "task5_answer").source = "def best_step_size(d, n, num_tasks=20_000, seed=0):\n    while True:\n        pass"
-    hand_in(f"submitted/henry/{CHAPTER}/{CHAPTER}.ipynb", henry)
-    # a notebook from somewhere else
+    hand_in(f"submitted/henry/{CHAPTER}/{CHAPTER}.ipynb",
+            with_answer(full, 5, "def best_step_size(d, n, num_tasks=20_000, seed=0):\n    while True:\n        pass"))
     hand_in("ivan_homework.ipynb", nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")]))
+    # the attacks
+    hand_in(f"submitted/mallory/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 2, REDEFINE_HELPERS))
+    hand_in(f"submitted/oscar/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 2, PATCH_COMPARISONS))
+    hand_in(f"submitted/peggy/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 5, PATCH_BUILTINS))
+    hand_in(f"submitted/trent/{CHAPTER}/{CHAPTER}.ipynb", with_answer(exercise, 1, HOOK_EXCEPTIONS))
+    hand_in(f"submitted/victor/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 3, EXIT_KERNEL))
+    hand_in(f"submitted/walter/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 2, FAKE_PRINTS))
+    hand_in(f"submitted/xavier/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 1, full.cells[
+        [cell.metadata.get("nbgrader", {}).get("grade_id") for cell in full.cells].index("task1_answer")].source
+        + "\n" + FLOOD))
+    marker = root / "payload-ran"
+    hand_in(f"submitted/yvonne/{CHAPTER}/{CHAPTER}.ipynb",
+            with_answer(full, 3, FORGE_RECORDS.replace("{marker}", str(marker))))
+    judy = full
+    for task, source in GIVEAWAYS.items():
+        judy = with_answer(judy, task, source)
+    hand_in(f"submitted/judy/{CHAPTER}/{CHAPTER}.ipynb", judy)
+    # two notebooks of one assignment: the newer is graded
+    old = hand_in("kevin_first_try.ipynb", full)
+    new = hand_in("kevin_second_try.ipynb", exercise)
+    os.utime(old, (2_000_000_000, 2_000_000_000))
+    os.utime(new, (1_000_000_000, 1_000_000_000))
 
     before = {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in submitted.rglob("*") if path.is_file()}
     out = root / "out"
-    grade(submitted, out, solutions=solutions, cell_timeout=10, notebook_timeout=300, progress=False)
+    grade(submitted, out, solutions=solutions, cell_timeout=10, notebook_timeout=300, progress=False, jobs=2)
     after = {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in submitted.rglob("*") if path.is_file()}
     with open(out / "grades.csv") as handle:
-        rows = {row["student"]: row for row in csv.DictReader(handle)}
-    return root, out, rows, before, after
+        rows = list(csv.DictReader(handle))
+    by_student = {row["student"]: row for row in rows if row["assignment"] == CHAPTER}
+    return Class(root, out, by_student, rows, before, after, marker)
+
+
+class Class:
+    def __init__(self, root, out, rows, all_rows, before, after, marker):
+        self.root, self.out, self.rows, self.all_rows = root, out, rows, all_rows
+        self.before, self.after, self.marker = before, after, marker
+
+    def total(self, student):
+        return float(self.rows[student]["total"])
+
+    def task(self, student, number):
+        return float(self.rows[student][f"task{number}"])
+
+    def autograded(self, student):
+        """The notebook as nbgrader executed it in the student's kernel."""
+        return self.out / "nbgrader" / student / CHAPTER / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
+
+    def kernel_score(self, student):
+        """What nbgrader itself decided inside the student's kernel (not used for points)."""
+        from nbgrader.api import Gradebook
+        course = self.out / "nbgrader" / student / CHAPTER
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+            return gradebook.find_submission_notebook(CHAPTER, CHAPTER, student).score
 
 
 def test_full_zero_and_partial_marks(graded_class):
-    _, _, rows, _, _ = graded_class
-    assert float(rows["alice"]["total"]) == FULL and float(rows["alice"]["max_total"]) == FULL
-    assert float(rows["bob"]["total"]) == 0 and rows["bob"]["status"].startswith("graded")
-    assert float(rows["carol"]["total"]) == 2 and float(rows["carol"]["task1"]) == 2
+    rows = graded_class.rows
+    assert graded_class.total("alice") == FULL and float(rows["alice"]["max_total"]) == FULL
+    assert graded_class.total("bob") == 0 and rows["bob"]["status"] == "graded"
+    assert graded_class.total("carol") == 2 and graded_class.task("carol", 1) == 2
+    chapter_2 = [row for row in graded_class.all_rows if row["assignment"] == CHAPTER_2]
+    assert [(row["student"], float(row["total"]), float(row["max_total"])) for row in chapter_2] == [("alice", 13, 13)]
 
 
 def test_layouts_and_repairs(graded_class):
-    _, _, rows, _, _ = graded_class
-    assert float(rows["erin"]["total"]) == FULL  # student taken from the Canvas file name
-    assert "duplicate cell ids" in rows["erin"]["status"] and "kernel" in rows["erin"]["status"]
+    rows = graded_class.rows
+    assert graded_class.total("erin") == FULL  # student taken from the Canvas file name
+    for repair in ("duplicate cell ids", "kernel", "MB of stored outputs removed"):
+        assert repair in rows["erin"]["status"]
     assert rows["erin"]["assignment"] == CHAPTER  # recognised from the notebook, not its name
 
 
 def test_tampering_and_deleted_checks(graded_class):
-    _, _, rows, _, _ = graded_class
-    assert float(rows["frank"]["task1"]) == 0 and float(rows["frank"]["total"]) == 0
-    assert float(rows["grace"]["total"]) == FULL
+    assert graded_class.task("frank", 1) == 0 and graded_class.total("frank") == 0
+    assert graded_class.total("grace") == FULL
 
 
 def test_a_hanging_answer_loses_only_its_task(graded_class):
-    _, _, rows, _, _ = graded_class
-    assert float(rows["henry"]["task5"]) == 0 and float(rows["henry"]["total"]) == FULL - 3
+    assert graded_class.task("henry", 5) == 0 and graded_class.total("henry") == FULL - 3
+    assert "cell time limit" in graded_class.rows["henry"]["status"]
 
 
 def test_malformed_files_get_zero_and_a_reason(graded_class):
-    _, _, rows, _, _ = graded_class
-    assert rows["dave"]["status"].startswith("not a notebook") and float(rows["dave"]["total"]) == 0
-    assert rows["ivan"]["status"] == "not recognised as any exercise of this course"
+    rows = {row["file"]: row for row in graded_class.all_rows}
+    assert rows[f"{CHAPTER}.ipynb"] and graded_class.rows.get("dave") is None
+    dave = next(row for row in graded_class.all_rows if row["student"] == "dave")
+    assert dave["status"].startswith("not a notebook") and float(dave["total"]) == 0
+    assert rows["ivan_homework.ipynb"]["status"] == "not recognised as any exercise of this course"
+
+
+def test_redefined_check_helpers_get_no_points(graded_class):
+    # from task 2 on nothing is recorded: the redefined helpers dodge every later check, and lose it
+    assert [graded_class.task("mallory", k) for k in range(1, 6)] == [2, 0, 0, 0, 0]
+    assert graded_class.kernel_score("mallory") == FULL  # the attack fooled the checks inside the kernel
+
+
+# a wrong linear_attention also costs task 4, which applies it layer after layer
+@pytest.mark.parametrize("student, points", [("oscar", [2, 0, 3, 0, 3]), ("peggy", [2, 3, 3, 3, 0])])
+def test_patched_comparisons_and_builtins_get_no_points(graded_class, student, points):
+    assert [graded_class.task(student, k) for k in range(1, 6)] == points
+    assert graded_class.kernel_score(student) == FULL  # the attack fooled the checks inside the kernel
+
+
+def test_hooked_exception_display_gets_no_points(graded_class):
+    assert graded_class.total("trent") == 0
+    graded = graded_class.autograded("trent")
+    check = find_cell(nbformat.read(graded, as_version=4), "task1_check")
+    assert check.outputs[0]["text"] == "passed\n"  # the hook was installed and ran in the kernel
+
+
+def test_an_exited_kernel_keeps_only_what_was_recorded_before(graded_class):
+    assert [graded_class.task("victor", k) for k in range(1, 6)] == [2, 3, 0, 0, 0]
+    assert graded_class.rows["victor"]["status"].startswith("the kernel stopped during execution")
+
+
+def test_fake_passed_lines_get_no_points(graded_class):
+    assert [graded_class.task("walter", k) for k in range(1, 6)] == [2, 0, 3, 0, 3]
+
+
+def test_huge_printed_output_is_truncated_not_fatal(graded_class):
+    assert graded_class.total("xavier") == FULL
+    graded = graded_class.autograded("xavier")
+    answer = find_cell(nbformat.read(graded, as_version=4), "task1_answer")
+    text = "".join(output.get("text", "") for output in answer.outputs)
+    assert text.count("\n") <= 1001 and "Output truncated" in text
+
+
+def test_forged_answer_files_are_refused_and_never_run(graded_class):
+    assert graded_class.task("yvonne", 1) == 0 and graded_class.task("yvonne", 2) == 0
+    assert graded_class.task("yvonne", 3) == 0 and graded_class.total("yvonne") == FULL - 8
+    assert not graded_class.marker.exists()
+
+
+def test_answers_that_call_reference_functions_are_reported(graded_class):
+    judy = graded_class.rows["judy"]
+    assert graded_class.total("judy") == FULL  # the properties hold: the instructor decides
+    assert judy["review"] == "task 2 uses LinearSelfAttention, from_matrices; task 3 uses gd_construction"
+    assert graded_class.rows["alice"]["review"] == ""
+
+
+def test_the_newer_of_two_submissions_is_graded(graded_class):
+    kevin = [row for row in graded_class.all_rows if row["student"] == "kevin"]
+    graded = next(row for row in kevin if row["assignment"] == CHAPTER)
+    ignored = next(row for row in kevin if row["assignment"] == "")
+    assert graded["file"] == "kevin_first_try.ipynb" and float(graded["total"]) == FULL
+    assert "kevin_first_try.ipynb is a newer submission" in ignored["status"]
 
 
 def test_submissions_untouched_and_feedback_written(graded_class):
-    _, out, rows, before, after = graded_class
-    assert before == after
+    out = graded_class.out
+    assert graded_class.before == graded_class.after
     page = (out / "feedback" / "alice" / f"{CHAPTER}.html").read_text()
     feedback = html.unescape(re.sub(r"<[^>]+>", "", page))  # the text, without syntax-highlighting tags
-    assert "check_merged_form(D=4, k=3, v=2, seed=0)" in feedback  # the visible self-check is shown
-    assert "HIDDEN TESTS" not in feedback and "D=2 + seed" not in feedback  # the hidden ones are not
+    assert 'checks.self_check("merged_form", merged_form)' in feedback  # the visible self-check is shown
+    assert "HIDDEN TESTS" not in feedback and "checks.record" not in feedback  # the hidden ones are not
+    assert f"Score: {FULL}" in feedback and "All grading checks passed." in feedback
+    page = html.unescape(re.sub(r"<[^>]+>", "", (out / "feedback" / "mallory" / f"{CHAPTER}.html").read_text()))
+    assert "Score: 2.0" in page and "no outputs were recorded" in page
     assert not (out / "feedback" / "dave").exists()
+
+
+def test_a_rerun_gives_the_same_grades(graded_class, tmp_path):
+    """Same --out, same secret, same inputs: a second run rewrites identical grades (two students, to stay quick)."""
+    submitted, solutions = tmp_path / "again", tmp_path / "solutions"
+    for student in ("alice", "carol"):
+        shutil.copytree(graded_class.root / "submissions" / "submitted" / student / CHAPTER, submitted / student / CHAPTER)
+    solutions.mkdir()
+    shutil.copy(graded_class.root / "solutions" / f"{CHAPTER}.ipynb", solutions)
+    out = tmp_path / "out"
+    grade(submitted, out, solutions=solutions, progress=False, jobs=2)
+    first, secret = (out / "grades.csv").read_text(), (out / ".icl-course-grading").read_text()
+    assert [line.split(",")[7] for line in first.splitlines()[1:]] == ["14", "2"]
+    grade(submitted, out, solutions=solutions, progress=False, jobs=2)
+    assert (out / "grades.csv").read_text() == first and (out / ".icl-course-grading").read_text() == secret
 
 
 def test_grading_refuses_to_write_into_the_submissions_or_a_foreign_folder(tmp_path):

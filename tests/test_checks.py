@@ -1,0 +1,164 @@
+"""The trusted checks: the answer keys pass them, typical mistakes fail them, and what the grader
+loads from a learner's kernel can only be plain data."""
+
+import math
+import os
+
+import nbformat
+import pytest
+import torch
+
+from conftest import ROOT
+from icl_course import checks
+
+
+@pytest.fixture(scope="module")
+def answers():
+    """The functions of both answer keys, defined by running their import and answer cells."""
+    namespace = {}
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.metadata["nbgrader"].get("solution") or cell.source.startswith("import torch"):
+                exec(cell.source, namespace)
+    return namespace
+
+
+def run(name, function, seed):
+    check = checks.CHECKS[name]
+    for case in check.grading_cases(seed):
+        check.verify(case, checks._portable(function(**case.arguments)))
+
+
+def test_every_exercise_function_has_a_check(answers):
+    assert set(checks.CHECKS) <= set(answers)
+    assert {(check.chapter, check.task) for check in checks.CHECKS.values()} == \
+        {(chapter, task) for chapter in (1, 2) for task in range(1, 6)}
+
+
+@pytest.mark.parametrize("seed", [1, 7, 2024])
+def test_the_answer_keys_pass_on_fresh_grading_inputs(answers, seed):
+    for name in checks.CHECKS:
+        run(name, answers[name], seed)
+
+
+def test_grading_inputs_are_fresh_per_seed_and_reproducible():
+    check = checks.CHECKS["merged_form"]
+    first, again, other = check.grading_cases(5), check.grading_cases(5), check.grading_cases(6)
+    assert all(torch.equal(a.arguments["W_K"], b.arguments["W_K"]) for a, b in zip(first, again))
+    assert first[1].arguments["W_K"].shape != other[1].arguments["W_K"].shape or \
+        not torch.equal(first[1].arguments["W_K"], other[1].arguments["W_K"])
+    assert torch.equal(first[0].arguments["W_K"], other[0].arguments["W_K"])  # the visible example comes first
+
+
+MISTAKES = {
+    "merged_form": (lambda W_K, W_Q, W_V, W_P: (W_K.T @ W_Q, W_P @ W_V), "moves tokens differently"),
+    "linear_attention": (lambda tokens, P, Q: tokens + tokens @ (P @ tokens.transpose(1, 2) @ tokens @ Q).transpose(1, 2),
+                         "not the query"),
+    "transformer_prediction": (lambda tokens, P, Q, num_layers: tokens[:, -1, -1], "GD steps"),
+    "best_step_size": (lambda d, n, num_tasks=20_000, seed=0: n / (n + d + 1), "smallest mean loss"),
+    "fourth_moment": (lambda d: d * d, "E||x||^4"),
+    "optimal_coefficient": (lambda n, d, second_moment=0.0: 1 / (n + d + 1), "minimiser"),
+    "one_step_loss": (lambda n, d, second_moment, c: 0.5 * d * (1 - 2 * c * n + c**2 * n * (n + d + 1)), "closed form"),
+    "bilinear_B": (lambda P, Q: -(P[-1, -1] * Q[:-1, :-1] + torch.outer(P[-1, :-1], Q[-1, :-1])), "B is wrong"),
+    "optimal_preconditioner": (lambda S, n, second_moment=0.0: torch.linalg.inv(S) / (n + S.shape[0] + 1 + second_moment),
+                               "the best B has"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_a_typical_mistake_fails_with_a_message(name):
+    function, message = MISTAKES[name]
+    with pytest.raises(checks.CheckFailed, match=message):
+        run(name, function, seed=3)
+
+
+def test_gd_matrices_with_the_wrong_sign_and_a_fake_monte_carlo_fail():
+    def ascent(d, n, eta):
+        P = torch.zeros(d + 1, d + 1, dtype=torch.float64)
+        P[d, d] = eta / n
+        return P, torch.eye(d + 1, dtype=torch.float64)
+    with pytest.raises(checks.CheckFailed, match="one GD step"):
+        run("gd_matrices", ascent, seed=0)
+    with pytest.raises(checks.CheckFailed, match="standard error"):
+        run("fourth_moment_monte_carlo", lambda d, num_samples=200_000, seed=0: (float(d * (d + 2)), 0.01), seed=0)
+
+
+def test_outputs_of_the_wrong_kind_are_named():
+    with pytest.raises(checks.CheckFailed, match="Python float.*use .item"):
+        run("best_step_size", lambda d, n, num_tasks=20_000, seed=0: torch.tensor(0.5), seed=0)
+    with pytest.raises(checks.CheckFailed, match="must have shape"):
+        run("linear_attention", lambda tokens, P, Q: tokens[0], seed=0)
+    with pytest.raises(checks.CheckFailed, match="pair"):
+        run("merged_form", lambda W_K, W_Q, W_V, W_P: W_K, seed=0)
+    with pytest.raises(checks.CheckFailed, match="an object of type object"):
+        run("bilinear_B", lambda P, Q: object(), seed=0)
+
+
+def test_self_check_reports_the_function_and_the_reason(capsys):
+    with pytest.raises(AssertionError, match="^optimal_coefficient: for n=20, d=10"):
+        checks.self_check("optimal_coefficient", lambda n, d, second_moment=0.0: 0.1)
+    checks.self_check("optimal_coefficient", lambda n, d, second_moment=0.0: 1 / (n + d + 1 + second_moment))
+    assert capsys.readouterr().out == "optimal_coefficient: passed\n"
+    with pytest.raises(KeyError, match="no check named 'merged'"):
+        checks.self_check("merged", print)
+
+
+@pytest.fixture
+def grading(tmp_path, monkeypatch):
+    monkeypatch.setenv(checks.ANSWERS_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(checks.SEED_VARIABLE, "11")
+    return tmp_path
+
+
+def test_record_then_verify_in_another_place(grading, answers):
+    checks.record("one_step_loss", answers["one_step_loss"])
+    checks.record("optimal_coefficient", lambda n, d, second_moment=0.0: 0.5)
+    checks.record("bilinear_B", lambda P, Q: 1 / 0)
+    verdicts = checks.verify_recorded(["one_step_loss", "optimal_coefficient", "bilinear_B", "gd_matrices"], grading, 11)
+    assert verdicts["one_step_loss"] == ""
+    assert "c = 0.5" in verdicts["optimal_coefficient"]
+    assert "raised ZeroDivisionError" in verdicts["bilinear_B"]
+    assert "no outputs were recorded" in verdicts["gd_matrices"]
+    # the same outputs checked against another seed's inputs fail: the seed must be the grader's
+    assert "optimal_coefficient" in checks.verify_recorded(["optimal_coefficient"], grading, 12)["optimal_coefficient"]
+
+
+class Payload:
+    """Pickles as a call to os.system: what a forged answers file could try."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_forged_answers_file_is_refused_and_never_executed(grading, tmp_path):
+    marker = tmp_path / "executed"
+    torch.save([("output", Payload(marker))], grading / "merged_form.pt")
+    torch.save("not a list of entries", grading / "gd_matrices.pt")
+    torch.save([("output", 1.0)] * 2, grading / "best_step_size.pt")
+    (grading / "bilinear_B.pt").write_bytes(b"\x00" * (checks.MAX_RECORD_BYTES + 1))
+    verdicts = checks.verify_recorded(["merged_form", "gd_matrices", "best_step_size", "bilinear_B"], grading, 11)
+    assert "could not be read safely" in verdicts["merged_form"] and not marker.exists()
+    assert "not in the format" in verdicts["gd_matrices"]
+    assert "2 outputs were recorded for 4 grading inputs" in verdicts["best_step_size"]
+    assert "MiB" in verdicts["bilinear_B"]
+
+
+def test_portable_outputs_are_plain():
+    parameter = torch.nn.Parameter(torch.ones(2))
+    assert type(checks._portable(parameter)) is torch.Tensor
+    assert checks._portable((1, 2.5, True)) == (1, 2.5, True)
+    assert checks._portable(math) == "<an object of type module>"
+
+
+def test_giveaways_are_found_in_code_not_in_the_answers_own_names():
+    source = ("from icl_course.models import LinearSelfAttention as L\n"
+              "def linear_attention(tokens, P, Q):\n    return L.from_matrices(P, Q)(tokens)\n")
+    assert checks.giveaways_used(source, ("LinearSelfAttention", "from_matrices")) == ["LinearSelfAttention", "from_matrices"]
+    assert checks.giveaways_used("def one_step_loss(n, d):\n    return theory.one_step_loss(d, n)\n",
+                                 ("theory", "one_step_loss")) == ["theory"]
+    assert checks.giveaways_used("def f(x):\n    return 2 * x\n", ("theory",)) == []
+    assert checks.giveaways_used("def f(:\n  theory", ("theory",)) == ["theory"]  # not Python: by word
+    assert checks.recorded_names('checks.record("a", a)\nchecks.record( \'b\', b)') == ["a", "b"]
