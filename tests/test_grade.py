@@ -141,6 +141,8 @@ def graded_class(tmp_path_factory):
     hand_in(f"submitted/xavier/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 1, full.cells[
         [cell.metadata.get("nbgrader", {}).get("grade_id") for cell in full.cells].index("task1_answer")].source
         + "\n" + FLOOD))
+    # more memory than the limit: MemoryError in that cell, not a machine out of memory
+    hand_in(f"submitted/zoe/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 5, "blob = bytearray(6 * 2**30)\n" + WRONG_STEP))
     marker = root / "payload-ran"
     hand_in(f"submitted/yvonne/{CHAPTER}/{CHAPTER}.ipynb",
             with_answer(full, 3, FORGE_RECORDS.replace("{marker}", str(marker))))
@@ -257,6 +259,25 @@ def test_huge_printed_output_is_truncated_not_fatal(graded_class):
     answer = find_cell(nbformat.read(graded, as_version=4), "task1_answer")
     text = "".join(output.get("text", "") for output in answer.outputs)
     assert text.count("\n") <= 1001 and "Output truncated" in text
+
+
+def test_the_memory_limit_stops_only_the_cell_that_exceeds_it(graded_class):
+    assert graded_class.task("zoe", 5) == 0 and graded_class.total("zoe") == FULL - 3
+    answer = find_cell(nbformat.read(graded_class.autograded("zoe"), as_version=4), "task5_answer")
+    assert [output.get("ename") for output in answer.outputs] == ["MemoryError"]
+
+
+def test_the_notebook_time_limit_stops_a_slow_submission(tmp_path):
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    shutil.copy(ROOT / "solutions" / f"{CHAPTER}.ipynb", solutions)
+    exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
+    slow = with_answer(exercise, 1, "import time\ntime.sleep(120)\n")
+    (tmp_path / "class").mkdir()
+    (tmp_path / "class" / "sam_01.ipynb").write_text(json.dumps(slow))
+    found = grade(tmp_path / "class", tmp_path / "out", solutions=solutions, notebook_timeout=15, progress=False)
+    assert found[0].status == "stopped after the notebook time limit (15 s)" and sum(found[0].scores.values()) == 0
+    assert (tmp_path / "out" / "feedback" / "sam" / f"{CHAPTER}.html").exists()
 
 
 def test_forged_answer_files_are_refused_and_never_run(graded_class):
