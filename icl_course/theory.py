@@ -6,12 +6,15 @@ executable.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .data import NoiseLike, as_noise
+from .data import NoiseLike, as_noise, context_gram
 
 __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
-           "preconditioned_one_step_loss", "one_layer_bilinear_form"]
+           "preconditioned_one_step_loss", "one_layer_bilinear_form", "ImplicitLinearModel",
+           "implicit_linear_model"]
 
 
 def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> float:
@@ -114,3 +117,57 @@ def one_layer_bilinear_form(layer) -> dict:
     sigma_terms = -torch.einsum("ha,hbj->abj", p_x, Q_xx)
     label_energy_term = -torch.einsum("h,hj->j", p_y, q_yx)
     return {"B": B, "Sigma_terms": sigma_terms, "label_energy_term": label_energy_term}
+
+
+@dataclass
+class ImplicitLinearModel:
+    """Every layer's implicit linear model (seed 002, Theorem 4.1 and Lemma 4.3).
+
+    After layer ``l`` every context token is ``x_i^l = M x_i + y_i u`` and ``y_i^l = a y_i - <w, x_i>``,
+    and the query is ``x_t^l = M x_t``, ``y_t^l = -<w, x_t>``: the prediction is ``<w^L, x_t>``.
+
+    Attributes (B tasks, L layers): ``M`` (B, L, d, d), ``u`` (B, L, d), ``a`` (B, L), ``w`` (B, L, d).
+    """
+
+    M: torch.Tensor
+    u: torch.Tensor
+    a: torch.Tensor
+    w: torch.Tensor
+
+
+def implicit_linear_model(model, X: torch.Tensor, y: torch.Tensor) -> ImplicitLinearModel:
+    """Run the recursion of Theorem 4.1 (seed 002) through every layer of ``model``.
+
+    With ``[[A, b], [c^T, d]] = sum_k P_k G^l Q_k`` for the layer's context Gram matrix ``G^l``,
+    all four are updated from their old values:
+
+        M <- (I + A) M - b w^T,    u <- (I + A) u + a b,
+        a <- (1 + d) a + <c, u>,    w <- (1 + d) w - M^T c,
+
+    from ``M = I, u = 0, a = 1, w = 0``.  Expanding ``x' = (I + A)(M x + y u) + b (a y - <w, x>)``
+    gives the minus sign in the ``M`` update; seed 002 prints ``+ b w^T``, a typo.
+
+    Shapes: ``X`` (B, n, d), ``y`` (B, n) -> :class:`ImplicitLinearModel`.  Works for every
+    parameterisation and number of heads, since it only needs each layer's ``mixing``.
+    """
+    if X.dim() != 3 or y.shape != X.shape[:2] or X.shape[2] != model.d:
+        raise ValueError(f"expected X (B, n, {model.d}) and y (B, n); got {tuple(X.shape)} and {tuple(y.shape)}")
+    X, y = X.to(model.dtype), y.to(model.dtype)
+    batch_size, d = X.shape[0], model.d
+    gram = context_gram(X, y)
+    M = torch.eye(d, dtype=X.dtype, device=X.device).expand(batch_size, d, d)
+    u, w = X.new_zeros(batch_size, d), X.new_zeros(batch_size, d)
+    a = X.new_ones(batch_size)
+    history = []
+    for layer in model.layers:
+        mixing = layer.mixing(gram)
+        A, b, c, last = mixing[:, :d, :d], mixing[:, :d, d], mixing[:, d, :d], mixing[:, d, d]
+        M, u, a, w = (M + A @ M - b.unsqueeze(-1) * w.unsqueeze(-2),
+                      u + (A @ u.unsqueeze(-1)).squeeze(-1) + a.unsqueeze(-1) * b,
+                      (1 + last) * a + (c * u).sum(-1),
+                      (1 + last).unsqueeze(-1) * w - (M.transpose(-1, -2) @ c.unsqueeze(-1)).squeeze(-1))
+        history.append((M, u, a, w))
+        moved = gram + mixing @ gram
+        gram = moved + moved @ mixing.transpose(-1, -2)
+    M, u, a, w = (torch.stack(values, dim=1) for values in zip(*history))
+    return ImplicitLinearModel(M=M, u=u, a=a, w=w)

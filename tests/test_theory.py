@@ -70,3 +70,54 @@ def test_weight_mean_shifts_the_weights():
     assert torch.allclose(tasks.sample(50_000, seed=0).w.mean(0), torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64), atol=0.03)
     with pytest.raises(ValueError, match=r"weight_mean must have shape \(3,\)"):
         RegressionTasks(3, 5, weight_mean=[1.0, 2.0])
+
+
+
+def implicit_tokens(implicit, layer, batch, sign=-1.0, M=None):
+    """The tokens after ``layer`` as Theorem 4.1 writes them: (x_context, y_context, x_query, y_query)."""
+    M = implicit.M[:, layer] if M is None else M
+    u, a, w = implicit.u[:, layer], implicit.a[:, layer], implicit.w[:, layer]
+    x_context = batch.X @ M.transpose(-1, -2) + batch.y.unsqueeze(-1) * u.unsqueeze(1)
+    y_context = a.unsqueeze(-1) * batch.y - (batch.X @ w.unsqueeze(-1)).squeeze(-1)
+    return x_context, y_context, (M @ batch.x_t.unsqueeze(-1)).squeeze(-1), -(w * batch.x_t).sum(-1)
+
+
+def random_full_model(d, num_layers, num_heads, seed):
+    return LinearTransformer(d, num_layers=num_layers, num_heads=num_heads, parameterization="full",
+                             init_scale=0.15, seed=seed, dtype=torch.float64, device="cpu")
+
+
+def test_implicit_linear_model_follows_every_token_through_every_layer(float64_tasks):
+    """Theorem 4.1 against explicit tokens, on random multi-layer, multi-head full weights (b != 0)."""
+    model = random_full_model(4, num_layers=3, num_heads=2, seed=3)
+    batch = float64_tasks(d=4, n=9, noise=0.5).sample(6, seed=1)
+    implicit = theory.implicit_linear_model(model, batch.X, batch.y)
+    for layer, tokens in enumerate(model.transform_tokens(batch.tokens)[1:]):
+        x_context, y_context, x_query, y_query = implicit_tokens(implicit, layer, batch)
+        for got, expected in ((tokens[:, :-1, :-1], x_context), (tokens[:, :-1, -1], y_context),
+                              (tokens[:, -1, :-1], x_query), (tokens[:, -1, -1], y_query)):
+            torch.testing.assert_close(got, expected, rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(implicit.w, model(batch).layer_weights, rtol=1e-12, atol=1e-12)
+
+
+def test_the_printed_plus_sign_of_the_M_update_is_a_typo(float64_tasks):
+    """Seed 002 prints M <- (I + A) M + b w^T; with that sign the second layer's tokens disagree."""
+    model = random_full_model(3, num_layers=2, num_heads=1, seed=5)
+    batch = float64_tasks(d=3, n=7).sample(4, seed=2)
+    implicit = theory.implicit_linear_model(model, batch.X, batch.y)
+    tokens = model.transform_tokens(batch.tokens)[2]
+    first_layer_tokens = model.transform_tokens(batch.tokens)[1][:, :-1]
+    mixing = model.layers[1].mixing(first_layer_tokens.transpose(1, 2) @ first_layer_tokens)
+    A, b = mixing[:, :3, :3], mixing[:, :3, 3]
+    M_1, w_1 = implicit.M[:, 0], implicit.w[:, 0]
+    typo = M_1 + A @ M_1 + b.unsqueeze(-1) * w_1.unsqueeze(-2)
+    x_context_typo = implicit_tokens(implicit, 1, batch, M=typo)[0]
+    assert (tokens[:, :-1, :-1] - x_context_typo).abs().max() > 1e-3
+    torch.testing.assert_close(tokens[:, :-1, :-1], implicit_tokens(implicit, 1, batch)[0], rtol=1e-11, atol=1e-11)
+
+
+def test_implicit_linear_model_rejects_mismatched_shapes(float64_tasks):
+    model = random_full_model(3, num_layers=1, num_heads=1, seed=0)
+    batch = float64_tasks(d=3, n=7).sample(2, seed=0)
+    with pytest.raises(ValueError, match="expected X"):
+        theory.implicit_linear_model(model, batch.X[0], batch.y)
