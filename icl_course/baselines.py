@@ -34,6 +34,8 @@ __all__ = [
     "TunedRR",
     "gradient_descent",
     "tune_step_sizes",
+    "conjugate_gradient",
+    "newton_inverse",
 ]
 
 
@@ -315,3 +317,65 @@ def tune_step_sizes(batch: TaskBatch, num_steps: int, per_step: bool = True) -> 
 
     optimizer.step(mean_loss)
     return torch.exp(log_steps.detach()).expand(num_steps).sort().values
+
+
+def conjugate_gradient(X: torch.Tensor, y: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """Iterates of conjugate gradient on the same loss as :func:`gradient_descent`, from 0.
+
+    CG solves the normal equations ``Sigma w = alpha`` (``Sigma = X^T X / n``, ``alpha = X^T y / n``);
+    its ``k``-th iterate minimises the loss over the Krylov space spanned by
+    ``alpha, Sigma alpha, ..., Sigma^(k-1) alpha``, which holds every ``k``-step GD iterate, and after
+    ``d`` steps it is the least-squares solution (chapter 3; chapter 5 builds it from a Memformer).
+    Shapes: ``X`` (B, n, d), ``y`` (B, n) -> (B, num_steps + 1, d), ``w_0 = 0`` first.  A task whose
+    residual is exactly zero stays where it is.
+    """
+    _check_context(X, y)
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
+        raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    n = X.shape[-2]
+    Sigma = X.transpose(-1, -2) @ X / n
+    alpha = (X.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1) / n
+    w = torch.zeros_like(alpha)
+    residual = alpha.clone()
+    direction = residual.clone()
+    squared = (residual * residual).sum(-1)
+    iterates = [w]
+    for _ in range(num_steps):
+        curved = (Sigma @ direction.unsqueeze(-1)).squeeze(-1)
+        denominator = (direction * curved).sum(-1)
+        step = torch.where(denominator > 0, squared / denominator.clamp_min(torch.finfo(X.dtype).tiny),
+                           torch.zeros_like(squared))
+        w = w + step.unsqueeze(-1) * direction
+        residual = residual - step.unsqueeze(-1) * curved
+        new_squared = (residual * residual).sum(-1)
+        ratio = torch.where(squared > 0, new_squared / squared.clamp_min(torch.finfo(X.dtype).tiny),
+                            torch.zeros_like(squared))
+        direction = residual + ratio.unsqueeze(-1) * direction
+        squared = new_squared
+        iterates.append(w)
+    return torch.stack(iterates, dim=1)
+
+
+def newton_inverse(S: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """Newton's iteration for the inverse of a symmetric positive-definite ``S``: ``M <- M (2I - S M)``.
+
+    Started from ``M_0 = I / lambda_max(S)``, the error ``E_k = I - S M_k`` squares at every step,
+    ``E_{k+1} = E_k^2``: accuracy ``eps`` takes ``log2(kappa) + log2 log(1/eps)`` steps, the
+    doubly logarithmic rate that GD++ shares (Fu et al. 2023; COURSE.md chapter 3).
+    Shapes: ``S`` (..., d, d) -> (..., num_steps + 1, d, d), ``M_0`` first.
+    """
+    S = torch.as_tensor(S)
+    if S.dim() < 2 or S.shape[-1] != S.shape[-2]:
+        raise ValueError(f"S must be a square matrix or a batch of them, got shape {tuple(S.shape)}")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
+        raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    eigenvalues = torch.linalg.eigvalsh(S)
+    if not bool((eigenvalues[..., 0] > 0).all()):
+        raise ValueError("S must be positive definite (Newton's iteration for S^-1 needs it)")
+    identity = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
+    M = identity / eigenvalues[..., -1, None, None]
+    iterates = [M]
+    for _ in range(num_steps):
+        M = M @ (2 * identity - S @ M)
+        iterates.append(M)
+    return torch.stack(iterates, dim=-3)

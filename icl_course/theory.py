@@ -14,7 +14,7 @@ from .data import NoiseLike, as_noise, context_gram
 
 __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
            "preconditioned_one_step_loss", "one_layer_bilinear_form", "ImplicitLinearModel",
-           "implicit_linear_model"]
+           "implicit_linear_model", "gdpp_spectrum", "condition_number"]
 
 
 def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> float:
@@ -171,3 +171,29 @@ def implicit_linear_model(model, X: torch.Tensor, y: torch.Tensor) -> ImplicitLi
         gram = moved + moved @ mixing.transpose(-1, -2)
     M, u, a, w = (torch.stack(values, dim=1) for values in zip(*history))
     return ImplicitLinearModel(M=M, u=u, a=a, w=w)
+
+
+def gdpp_spectrum(eigenvalues: torch.Tensor, num_layers: int, gamma=None) -> torch.Tensor:
+    """The eigenvalues of ``Sigma^l`` through ``num_layers`` GD++ layers (seed 002, section 5.1).
+
+    A GD++ layer moves every ``x_i`` by ``I - gamma Sigma`` (``gamma = -w_xx``), so
+    ``Sigma <- (I - gamma Sigma) Sigma (I - gamma Sigma)`` and each eigenvalue maps to
+    ``lambda (1 - gamma lambda)^2``.  ``gamma=None`` uses Theorem 5.1's ``1 / (3 lambda_max)`` of the
+    current layer; a number uses it at every layer.
+    Shapes: ``eigenvalues`` (..., d) -> (..., num_layers + 1, d), the input first.
+    """
+    values = torch.as_tensor(eigenvalues)
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
+        raise ValueError(f"num_layers must be an integer >= 0, got {num_layers!r}")
+    history = [values]
+    for _ in range(num_layers):
+        step = 1 / (3 * values.max(-1, keepdim=True).values) if gamma is None else gamma
+        values = values * (1 - step * values) ** 2
+        history.append(values)
+    return torch.stack(history, dim=-2)
+
+
+def condition_number(eigenvalues: torch.Tensor) -> torch.Tensor:
+    """``lambda_max / lambda_min``.  Shapes: (..., d) -> (...)."""
+    values = torch.as_tensor(eigenvalues)
+    return values.max(-1).values / values.min(-1).values

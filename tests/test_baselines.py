@@ -128,3 +128,38 @@ def test_singular_problems_get_a_clear_message():
     with pytest.raises(ValueError, match="singular for at least one task"):
         least_squares(duplicated.X, duplicated.y)  # five copies of one example
     assert torch.isfinite(ridge(batch.X, batch.y, 0.1)).all()
+
+
+def test_conjugate_gradient_reaches_least_squares_in_d_steps_and_beats_gd_on_the_way(float64_tasks):
+    from icl_course.baselines import conjugate_gradient
+    batch = float64_tasks(d=6, n=15, noise=0.5).sample(32, seed=4)
+    iterates = conjugate_gradient(batch.X, batch.y, num_steps=6)
+    assert iterates.shape == (32, 7, 6) and not iterates[:, 0].any()
+    torch.testing.assert_close(iterates[:, -1], least_squares(batch.X, batch.y), rtol=1e-8, atol=1e-10)
+    # the k-th CG iterate is the best point of the Krylov space, which holds GD's k-th iterate
+    Sigma = batch.X.transpose(1, 2) @ batch.X / batch.n
+    solution = least_squares(batch.X, batch.y)
+
+    def error(w):
+        difference = (w - solution).unsqueeze(-1)
+        return (difference.transpose(-1, -2) @ Sigma @ difference).squeeze()
+
+    for eta in (0.3, 0.6, 0.9):
+        descent = gradient_descent(batch.X, batch.y, eta, 6)
+        for step in range(1, 6):
+            assert (error(iterates[:, step]) <= error(descent[:, step]) * (1 + 1e-9) + 1e-15).all()
+
+
+def test_newton_inverse_squares_its_error_every_step():
+    from icl_course.baselines import newton_inverse
+    generator = torch.Generator().manual_seed(0)
+    rotation, _ = torch.linalg.qr(torch.randn(5, 5, generator=generator, dtype=torch.float64))
+    S = rotation @ torch.diag(torch.tensor([1.0, 2.0, 5.0, 20.0, 50.0], dtype=torch.float64)) @ rotation.T
+    iterates = newton_inverse(S, num_steps=12)
+    errors = torch.linalg.matrix_norm(torch.eye(5, dtype=torch.float64) - S @ iterates, ord=2)
+    assert errors[0] == pytest.approx(1 - 1 / 50, rel=1e-12)
+    torch.testing.assert_close(errors[1:9], errors[:8] ** 2, rtol=1e-8, atol=1e-15)  # before rounding dominates
+    assert errors[-1] < 1e-12
+    torch.testing.assert_close(iterates[-1], torch.linalg.inv(S), rtol=1e-6, atol=1e-8)
+    with pytest.raises(ValueError, match="positive definite"):
+        newton_inverse(-S, 2)

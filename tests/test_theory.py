@@ -121,3 +121,34 @@ def test_implicit_linear_model_rejects_mismatched_shapes(float64_tasks):
     batch = float64_tasks(d=3, n=7).sample(2, seed=0)
     with pytest.raises(ValueError, match="expected X"):
         theory.implicit_linear_model(model, batch.X[0], batch.y)
+
+
+def test_a_gdpp_layer_maps_each_eigenvalue_to_lambda_times_one_minus_gamma_lambda_squared(float64_tasks):
+    """The eigenvalue map against an explicit GD++ layer (w_xx = -gamma, w_yx = 0) on real tokens."""
+    batch = float64_tasks(d=4, n=12).sample(3, seed=6)
+    Sigma = batch.X.transpose(1, 2) @ batch.X
+    gamma = 0.02
+    model = LinearTransformer(4, num_layers=1, parameterization="gdpp", init_scale=0.0, dtype=torch.float64, device="cpu")
+    with torch.no_grad():
+        model.layers[0].p.copy_(torch.tensor([[1.0, 0.0]], dtype=torch.float64))
+        model.layers[0].q.copy_(torch.tensor([[-gamma]], dtype=torch.float64))
+    assert float(model.layers[0].diagonal_weights()["w_xx"].detach()) == -gamma
+    context = model.transform_tokens(batch.tokens)[1][:, :-1, :-1]
+    after = torch.linalg.eigvalsh(context.transpose(1, 2) @ context)
+    expected = theory.gdpp_spectrum(torch.linalg.eigvalsh(Sigma), 1, gamma)[:, 1]
+    torch.testing.assert_close(after, expected.sort(-1).values, rtol=1e-10, atol=1e-10)
+
+
+def test_theorem_5_1_condition_number_shrinks_then_squares():
+    """With gamma = 1/(3 lambda_max): kappa -> at most 4/9 kappa / (1 - 1/(3 kappa))^2 while large, and
+    1 + eps -> at most 1 + 2 eps^2 once small: doubly logarithmic in the accuracy."""
+    for kappa in (1e4, 1e2, 10.0, 2.0):
+        spectrum = torch.tensor([1.0, (1 + kappa) / 2, kappa], dtype=torch.float64)
+        after = theory.condition_number(theory.gdpp_spectrum(spectrum, 1)[1])
+        assert after <= 4 / 9 * kappa / (1 - 1 / (3 * kappa)) ** 2 * (1 + 1e-12)
+    for eps in (0.3, 0.1, 1e-2, 1e-3):
+        spectrum = torch.tensor([1.0, 1.0 + eps / 2, 1.0 + eps], dtype=torch.float64)
+        assert theory.condition_number(theory.gdpp_spectrum(spectrum, 1)[1]) - 1 <= 2 * eps**2
+    layers = theory.condition_number(theory.gdpp_spectrum(torch.tensor([1.0, 1e6], dtype=torch.float64), 40))
+    reached = [int((layers - 1 > eps).sum()) for eps in (1e-2, 1e-4, 1e-8)]
+    assert reached[1] - reached[0] <= 2 and reached[2] - reached[1] <= 2  # squaring: eps^2 costs about one layer
