@@ -110,6 +110,7 @@ class Submission:
     scores: dict = field(default_factory=dict)      # task number -> points earned
     comments: dict = field(default_factory=dict)    # task number -> what failed
     review: list = field(default_factory=list)      # answer cells that use reference functions
+    max_total: Optional[float] = None
 
 
 def _student_name(text: str) -> str:
@@ -393,7 +394,8 @@ def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path,
     nbformat.write(notebook, target)
     answers = course / "answers"
     seed = _seed(secret, submission.student, submission.assignment)
-    for attempt in range(2):
+    submission.max_total = key.max_total
+    for _ in range(2):  # once more only if the kernel could not start (a port taken meanwhile)
         shutil.rmtree(answers, ignore_errors=True)
         answers.mkdir()
         problem = _autograde(course, submission.assignment, submission.student, notebook_timeout, memory_bytes,
@@ -522,7 +524,8 @@ def _print_summary(found: list[Submission]) -> None:
     failed_tasks = {}
     for submission in found:
         total = sum(submission.scores.values())
-        print(f"  {submission.student:16s} {submission.assignment or '-':45s} {total:5g}  {submission.status}"
+        maximum = f"{submission.max_total:g}" if submission.max_total is not None else "-"
+        print(f"  {submission.student:16s} {submission.assignment or '-':45s} {total:5g} / {maximum:<4s} {submission.status}"
               + (f"  [review: {'; '.join(submission.review)}]" if submission.review else ""))
         for number, comment in submission.comments.items():
             if submission.scores.get(number, 0.0) == 0.0:
