@@ -14,7 +14,8 @@ from .data import NoiseLike, as_noise, context_gram
 
 __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
            "preconditioned_one_step_loss", "one_layer_bilinear_form", "ImplicitLinearModel",
-           "implicit_linear_model", "gdpp_spectrum", "condition_number"]
+           "implicit_model_step", "implicit_linear_model", "gdpp_spectrum", "condition_number",
+           "gdpp_layers_needed"]
 
 
 def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> float:
@@ -135,11 +136,29 @@ class ImplicitLinearModel:
     w: torch.Tensor
 
 
+def implicit_model_step(M: torch.Tensor, u: torch.Tensor, a: torch.Tensor, w: torch.Tensor,
+                        mixing: torch.Tensor) -> tuple:
+    """One layer of the recursion of Theorem 4.1 (seed 002); see :func:`implicit_linear_model`.
+
+    With ``[[A, b], [c^T, d]] = mixing``, all four updated from the old values:
+    ``M <- (I + A) M - b w^T``, ``u <- (I + A) u + a b``, ``a <- (1 + d) a + <c, u>``,
+    ``w <- (1 + d) w - M^T c``.
+    Shapes: ``M`` (B, d, d), ``u`` (B, d), ``a`` (B,), ``w`` (B, d), ``mixing`` (B, d+1, d+1) ->
+    the new ``(M, u, a, w)`` with the same shapes.
+    """
+    d = M.shape[-1]
+    A, b, c, last = mixing[..., :d, :d], mixing[..., :d, d], mixing[..., d, :d], mixing[..., d, d]
+    return (M + A @ M - b.unsqueeze(-1) * w.unsqueeze(-2),
+            u + (A @ u.unsqueeze(-1)).squeeze(-1) + a.unsqueeze(-1) * b,
+            (1 + last) * a + (c * u).sum(-1),
+            (1 + last).unsqueeze(-1) * w - (M.transpose(-1, -2) @ c.unsqueeze(-1)).squeeze(-1))
+
+
 def implicit_linear_model(model, X: torch.Tensor, y: torch.Tensor) -> ImplicitLinearModel:
     """Run the recursion of Theorem 4.1 (seed 002) through every layer of ``model``.
 
     With ``[[A, b], [c^T, d]] = sum_k P_k G^l Q_k`` for the layer's context Gram matrix ``G^l``,
-    all four are updated from their old values:
+    all four are updated from their old values (:func:`implicit_model_step`):
 
         M <- (I + A) M - b w^T,    u <- (I + A) u + a b,
         a <- (1 + d) a + <c, u>,    w <- (1 + d) w - M^T c,
@@ -155,23 +174,17 @@ def implicit_linear_model(model, X: torch.Tensor, y: torch.Tensor) -> ImplicitLi
     X, y = X.to(model.dtype), y.to(model.dtype)
     batch_size, d = X.shape[0], model.d
     gram = context_gram(X, y)
-    M = torch.eye(d, dtype=X.dtype, device=X.device).expand(batch_size, d, d)
-    u, w = X.new_zeros(batch_size, d), X.new_zeros(batch_size, d)
-    a = X.new_ones(batch_size)
+    state = (torch.eye(d, dtype=X.dtype, device=X.device).expand(batch_size, d, d), X.new_zeros(batch_size, d),
+             X.new_ones(batch_size), X.new_zeros(batch_size, d))
     history = []
     for layer in model.layers:
         mixing = layer.mixing(gram)
-        A, b, c, last = mixing[:, :d, :d], mixing[:, :d, d], mixing[:, d, :d], mixing[:, d, d]
-        M, u, a, w = (M + A @ M - b.unsqueeze(-1) * w.unsqueeze(-2),
-                      u + (A @ u.unsqueeze(-1)).squeeze(-1) + a.unsqueeze(-1) * b,
-                      (1 + last) * a + (c * u).sum(-1),
-                      (1 + last).unsqueeze(-1) * w - (M.transpose(-1, -2) @ c.unsqueeze(-1)).squeeze(-1))
-        history.append((M, u, a, w))
+        state = implicit_model_step(*state, mixing)
+        history.append(state)
         moved = gram + mixing @ gram
         gram = moved + moved @ mixing.transpose(-1, -2)
     M, u, a, w = (torch.stack(values, dim=1) for values in zip(*history))
     return ImplicitLinearModel(M=M, u=u, a=a, w=w)
-
 
 def gdpp_spectrum(eigenvalues: torch.Tensor, num_layers: int, gamma=None) -> torch.Tensor:
     """The eigenvalues of ``Sigma^l`` through ``num_layers`` GD++ layers (seed 002, section 5.1).
@@ -197,3 +210,16 @@ def condition_number(eigenvalues: torch.Tensor) -> torch.Tensor:
     """``lambda_max / lambda_min``.  Shapes: (..., d) -> (...)."""
     values = torch.as_tensor(eigenvalues)
     return values.max(-1).values / values.min(-1).values
+
+
+def gdpp_layers_needed(kappa: float, eps: float) -> int:
+    """GD++ layers (``gamma = 1/(3 lambda_max)``) until the condition number is at most ``1 + eps``,
+    plus the final GD step that then solves the problem (Theorem 5.1, seed 002)."""
+    if not kappa >= 1 or not 0 < eps:
+        raise ValueError(f"need kappa >= 1 and eps > 0, got kappa={kappa}, eps={eps}")
+    spectrum = torch.tensor([1.0, float(kappa)], dtype=torch.float64)
+    layers = 0
+    while condition_number(spectrum) - 1 > eps:
+        spectrum = gdpp_spectrum(spectrum, 1)[1]
+        layers += 1
+    return layers + 1

@@ -14,7 +14,7 @@ from .models import LinearTransformer, gd_construction
 from .plots import plot_task_fits
 
 __all__ = ["show_task_fits", "task_explorer", "show_gd_and_transformer", "gd_explorer",
-           "show_one_step_loss", "step_size_explorer"]
+           "show_one_step_loss", "step_size_explorer", "show_gdpp_spectrum", "gdpp_explorer"]
 
 
 def show_task_fits(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
@@ -154,4 +154,58 @@ def step_size_explorer(n: int = 20, d: int = 10, sigma: float = 1.0):
         n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
         d=widgets.IntSlider(value=d, min=1, max=20, description="d"),
         sigma=widgets.FloatSlider(value=sigma, min=0.0, max=5.0, step=0.25, description="sigma"),
+    )
+
+
+def show_gdpp_spectrum(kappa: float = 100.0, gamma_scale: float = 1.0, num_layers: int = 6, d: int = 20):
+    """GD++ preconditioning, layer by layer (chapter 3; seed 002, Theorem 5.1).
+
+    ``d`` eigenvalues spread geometrically over ``[1, kappa]``; every layer uses
+    ``gamma = gamma_scale / (3 lambda_max)`` of its current spectrum (``gamma_scale = 1`` is the
+    theorem's choice).  Left: the map ``lambda -> lambda (1 - gamma lambda)^2`` of the first layer;
+    middle: the spectrum after each layer; right: the condition number per layer.  Returns the figure.
+    """
+    from . import theory
+
+    eigenvalues = torch.logspace(0, torch.log10(torch.tensor(float(kappa))).item(), d, dtype=torch.float64)
+    spectra = [eigenvalues]
+    for _ in range(num_layers):
+        current = spectra[-1]
+        spectra.append(theory.gdpp_spectrum(current, 1, gamma_scale / (3 * current.max()))[1])
+    spectra = torch.stack(spectra)
+    figure, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    grid = torch.linspace(0, float(eigenvalues.max()), 300, dtype=torch.float64)
+    gamma = gamma_scale / (3 * eigenvalues.max())
+    axes[0].plot(grid, grid * (1 - gamma * grid) ** 2, color="#4c72b0")
+    axes[0].plot(eigenvalues, eigenvalues * (1 - gamma * eigenvalues) ** 2, "o", color="#c44e52", markersize=4,
+                 label="the task's eigenvalues")
+    axes[0].set_xlabel("eigenvalue $\\lambda$ of $\\Sigma$")
+    axes[0].set_ylabel("$\\lambda(1 - \\gamma\\lambda)^2$")
+    axes[0].set_title(f"one layer, $\\gamma\\lambda_{{max}}$ = {gamma_scale / 3:.2f}")
+    axes[0].legend(fontsize=8)
+    for layer, values in enumerate(spectra):
+        axes[1].plot([layer] * d, (values / values.max()).clamp_min(1e-300), ".", color="#4c72b0")
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("layer $l$")
+    axes[1].set_ylabel("eigenvalues of $\\Sigma^l$ / largest")
+    conditions = theory.condition_number(spectra)
+    axes[2].semilogy(range(num_layers + 1), conditions - 1, "o-", color="#55a868")
+    axes[2].set_xlabel("layer $l$")
+    axes[2].set_ylabel("condition number $-$ 1")
+    axes[2].set_title(f"kappa = {kappa:g}")
+    figure.tight_layout()
+    return figure
+
+
+def gdpp_explorer(kappa: float = 100.0, gamma_scale: float = 1.0, num_layers: int = 6):
+    """Sliders for the condition number, ``gamma`` (in units of ``1/(3 lambda_max)``) and the depth
+    around :func:`show_gdpp_spectrum`."""
+    import ipywidgets as widgets
+
+    return _explorer(
+        show_gdpp_spectrum,
+        kappa=widgets.FloatLogSlider(value=kappa, base=10, min=0.5, max=6, step=0.25, description="kappa"),
+        gamma_scale=widgets.FloatSlider(value=gamma_scale, min=0.1, max=3.0, step=0.1, description="gamma x 3 l_max"),
+        num_layers=widgets.IntSlider(value=num_layers, min=1, max=15, description="layers"),
+        d=widgets.fixed(20),
     )

@@ -5,14 +5,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from icl_course.widgets import (gd_explorer, show_gd_and_transformer, show_one_step_loss,  # noqa: E402
-                                show_task_fits, step_size_explorer, task_explorer)
+from icl_course.widgets import (gd_explorer, gdpp_explorer, show_gd_and_transformer, show_gdpp_spectrum,  # noqa: E402
+                                show_one_step_loss, show_task_fits, step_size_explorer, task_explorer)
 
 
 @pytest.mark.parametrize("show, arguments", [
     (show_task_fits, {}), (show_task_fits, {"n": 3, "d": 5, "sigma": 0.0}),
     (show_gd_and_transformer, {}), (show_gd_and_transformer, {"eta": 2.4}),
     (show_one_step_loss, {"train_steps": 20}),
+    (show_gdpp_spectrum, {}), (show_gdpp_spectrum, {"gamma_scale": 3.0, "kappa": 1e6}),
 ])
 def test_every_figure_has_labelled_axes(show, arguments):
     figure = show(**arguments)
@@ -21,7 +22,7 @@ def test_every_figure_has_labelled_axes(show, arguments):
     plt.close(figure)
 
 
-@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer])
+@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer, gdpp_explorer])
 def test_explorers_offer_sliders(explorer):
     widget = explorer()
     assert len(widget.kwargs) >= 3
