@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from .baselines import gradient_descent
+from .baselines import gradient_descent, newton_inverse
 from .data import RegressionTasks
 from .models import LinearSelfAttention, gd_construction
 from . import theory
@@ -401,7 +401,90 @@ def _chapter_2() -> list[Check]:
     ]
 
 
-CHECKS: dict[str, Check] = {check.name: check for check in _chapter_1() + _chapter_2()}
+# -- chapter 3: GD++ is a second-order method --------------------------------------------------
+
+def _implicit_case(B: int, d: int, generator: torch.Generator) -> Case:
+    return Case(dict(M=torch.eye(d, **FLOAT64) + 0.3 * _normal(generator, B, d, d), u=_normal(generator, B, d),
+                     a=1 + 0.1 * _normal(generator, B), w=_normal(generator, B, d),
+                     mixing=0.2 * _normal(generator, B, d + 1, d + 1)))
+
+
+def _verify_implicit_step(case: Case, output) -> None:
+    M, u, a, w, mixing = (case.arguments[key] for key in ("M", "u", "a", "w", "mixing"))
+    if not isinstance(output, (tuple, list)) or len(output) != 4:
+        _fail(f"implicit_step must return the four new values (M, u, a, w), got {_kind(output)}")
+    expected = theory.implicit_model_step(M, u, a, w, mixing)
+    for name, got, reference in zip("Muaw", output, expected):
+        got = _tensor(got, reference.shape, name)
+        if _close(got, reference, 1e-10):
+            continue
+        d = M.shape[-1]
+        misprint = reference + 2 * mixing[:, :d, d].unsqueeze(-1) * w.unsqueeze(-2) if name == "M" else None
+        if misprint is not None and _close(got, misprint, 1e-10):
+            _fail(f"for {case.label}: M has the paper's misprinted + b w^T; expand (I + A)(M x + y u) + b (a y - <w, x>)")
+        _fail(f"for {case.label}: the new {name} is wrong (update all four from the old values)")
+
+
+def _verify_gdpp_layers(case: Case, output) -> None:
+    layers = _number(output, "gdpp_layers", integer=True)
+    expected = theory.gdpp_layers_needed(**case.arguments)
+    if layers != expected:
+        _fail(f"for {case.label}: {layers:g} layers, but {expected} are needed (count the layers until "
+              "kappa - 1 <= eps, then add the final GD step)")
+
+
+def _cosine_case(B: int, n: int, d: int, generator: torch.Generator) -> Case:
+    X = _normal(generator, B, n, d)
+    return Case(dict(X=X, target=X[..., 0] ** 2 + 0.1 * _normal(generator, B, n)))
+
+
+def _verify_best_cosine(case: Case, output) -> None:
+    X, target = case.arguments["X"], case.arguments["target"]
+    cosine = _tensor(output, (X.shape[0],), "best_cosine (one cosine per task)")
+    projection = X @ torch.linalg.lstsq(X, target.unsqueeze(-1)).solution
+    expected = projection.squeeze(-1).norm(dim=-1) / target.norm(dim=-1)
+    if not _close(cosine, expected, 1e-8):
+        _fail(f"for {case.label}: the best cosine is ||projection of target on the columns of X|| / ||target||")
+
+
+def _newton_case(d: int, num_steps: int, generator: torch.Generator) -> Case:
+    rotation, _ = torch.linalg.qr(_normal(generator, d, d))
+    eigenvalues = torch.logspace(0, 2, d, **FLOAT64)
+    S = rotation @ torch.diag(eigenvalues) @ rotation.T
+    return Case(dict(S=(S + S.T) / 2, num_steps=num_steps))
+
+
+def _verify_newton_iterates(case: Case, output) -> None:
+    S, num_steps = case.arguments["S"], case.arguments["num_steps"]
+    d = S.shape[0]
+    iterates = _tensor(output, (num_steps + 1, d, d), "newton_iterates (M_0 first)")
+    expected = newton_inverse(S, num_steps)
+    if not _close(iterates[0], expected[0], 1e-10):
+        _fail(f"for d={d}: start from M_0 = I / lambda_max(S)")
+    if not _close(iterates, expected, 1e-8):
+        _fail(f"for d={d}, num_steps={num_steps}: the iterates differ from M <- M (2I - S M)")
+
+
+def _chapter_3() -> list[Check]:
+    def gdpp_draw(rng):
+        return [Case(dict(kappa=float(10 ** rng.uniform(0.5, 6)), eps=float(10 ** -rng.uniform(1, 12)))) for _ in range(4)]
+
+    return [
+        Check(3, 1, "implicit_step", lambda: [_implicit_case(3, 4, torch.Generator().manual_seed(0))],
+              lambda rng: [_implicit_case(rng.randint(1, 4), rng.randint(1, 6), _generator(rng)) for _ in range(3)],
+              _verify_implicit_step, giveaways=("theory", "implicit_model_step", "implicit_linear_model")),
+        Check(3, 2, "gdpp_layers", lambda: [Case(dict(kappa=100.0, eps=1e-6)), Case(dict(kappa=10.0, eps=0.5))],
+              gdpp_draw, _verify_gdpp_layers, giveaways=("theory", "gdpp_spectrum", "gdpp_layers_needed")),
+        Check(3, 3, "best_cosine", lambda: [_cosine_case(3, 20, 4, torch.Generator().manual_seed(0))],
+              lambda rng: [_cosine_case(rng.randint(1, 4), rng.randint(8, 40), rng.randint(1, 7), _generator(rng))
+                           for _ in range(3)], _verify_best_cosine),
+        Check(3, 4, "newton_iterates", lambda: [_newton_case(3, 4, torch.Generator().manual_seed(0))],
+              lambda rng: [_newton_case(rng.randint(1, 6), rng.randint(0, 8), _generator(rng)) for _ in range(3)],
+              _verify_newton_iterates, giveaways=("baselines", "newton_inverse")),
+    ]
+
+
+CHECKS: dict[str, Check] = {check.name: check for check in _chapter_1() + _chapter_2() + _chapter_3()}
 
 
 # -- the three places a check runs ------------------------------------------------------------

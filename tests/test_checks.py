@@ -31,8 +31,12 @@ def run(name, function, seed):
 
 def test_every_exercise_function_has_a_check(answers):
     assert set(checks.CHECKS) <= set(answers)
-    assert {(check.chapter, check.task) for check in checks.CHECKS.values()} == \
-        {(chapter, task) for chapter in (1, 2) for task in range(1, 6)}
+    tasks = set()
+    for path in (ROOT / "solutions").glob("*.ipynb"):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.metadata["nbgrader"].get("grade"):
+                tasks.add((int(path.name.split("_")[0]), int(cell.metadata["nbgrader"]["grade_id"][4:].split("_")[0])))
+    assert {(check.chapter, check.task) for check in checks.CHECKS.values()} == tasks
 
 
 @pytest.mark.parametrize("seed", [1, 7, 2024])
@@ -62,7 +66,20 @@ MISTAKES = {
     "bilinear_B": (lambda P, Q: -(P[-1, -1] * Q[:-1, :-1] + torch.outer(P[-1, :-1], Q[-1, :-1])), "B is wrong"),
     "optimal_preconditioner": (lambda S, n, second_moment=0.0: torch.linalg.inv(S) / (n + S.shape[0] + 1 + second_moment),
                                "the best B has"),
+    "gdpp_layers": (lambda kappa, eps: checks.theory.gdpp_layers_needed(kappa, eps) - 1, "are needed"),
+    "best_cosine": (lambda X, target: (X[..., 0] * target).sum(-1).abs() / (X[..., 0].norm(dim=-1) * target.norm(dim=-1)),
+                    "projection"),
+    "newton_iterates": (lambda S, num_steps: torch.stack([torch.eye(S.shape[0], dtype=S.dtype) / torch.trace(S)] * (num_steps + 1)),
+                        "start from"),
 }
+
+
+def test_the_misprinted_sign_is_named(answers):
+    def misprinted(M, u, a, w, mixing):
+        new_M, new_u, new_a, new_w = answers["implicit_step"](M, u, a, w, mixing)
+        return new_M + 2 * mixing[:, :-1, -1].unsqueeze(-1) * w.unsqueeze(-2), new_u, new_a, new_w
+    with pytest.raises(checks.CheckFailed, match="misprinted"):
+        run("implicit_step", misprinted, seed=0)
 
 
 @pytest.mark.parametrize("name", sorted(MISTAKES))
