@@ -18,6 +18,7 @@ from icl_course.grade import find_submissions, grade
 
 CHAPTER = "01_linear_attention_is_gradient_descent"
 CHAPTER_2 = "02_one_step_of_gd_is_optimal"
+CHAPTER_3 = "03_gdpp_is_a_second_order_method"
 FULL = 14.0
 
 
@@ -92,7 +93,7 @@ def graded_class(tmp_path_factory):
     root = tmp_path_factory.mktemp("class")
     solutions = root / "solutions"
     solutions.mkdir()
-    for name in (CHAPTER, CHAPTER_2):
+    for name in (CHAPTER, CHAPTER_2, CHAPTER_3):
         shutil.copy(ROOT / "solutions" / f"{name}.ipynb", solutions)
     solution = nbformat.read(solutions / f"{CHAPTER}.ipynb", as_version=4)
     exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
@@ -107,9 +108,10 @@ def graded_class(tmp_path_factory):
         return path
 
     hand_in(f"submitted/alice/{CHAPTER}/{CHAPTER}.ipynb", full)
-    hand_in(f"submitted/alice/{CHAPTER_2}/{CHAPTER_2}.ipynb",
-            answered(nbformat.read(ROOT / "exercises" / f"{CHAPTER_2}.ipynb", as_version=4),
-                     nbformat.read(solutions / f"{CHAPTER_2}.ipynb", as_version=4), range(1, 6)))
+    for later in (CHAPTER_2, CHAPTER_3):
+        hand_in(f"submitted/alice/{later}/{later}.ipynb",
+                answered(nbformat.read(ROOT / "exercises" / f"{later}.ipynb", as_version=4),
+                         nbformat.read(solutions / f"{later}.ipynb", as_version=4), range(1, 6)))
     hand_in(f"submitted/bob/{CHAPTER}/{CHAPTER}.ipynb", exercise)
     hand_in(f"submitted/carol/{CHAPTER}/{CHAPTER}.ipynb", answered(exercise, solution, [1]))
     hand_in(f"submitted/dave/{CHAPTER}/{CHAPTER}.ipynb", text="{ this is not json")
@@ -194,8 +196,9 @@ def test_full_zero_and_partial_marks(graded_class):
     assert graded_class.total("alice") == FULL and float(rows["alice"]["max_total"]) == FULL
     assert graded_class.total("bob") == 0 and rows["bob"]["status"] == "graded"
     assert graded_class.total("carol") == 2 and graded_class.task("carol", 1) == 2
-    chapter_2 = [row for row in graded_class.all_rows if row["assignment"] == CHAPTER_2]
-    assert [(row["student"], float(row["total"]), float(row["max_total"])) for row in chapter_2] == [("alice", 13, 13)]
+    later = [(row["student"], row["assignment"], float(row["total"]), float(row["max_total"]))
+             for row in graded_class.all_rows if row["assignment"] in (CHAPTER_2, CHAPTER_3)]
+    assert later == [("alice", CHAPTER_2, 13, 13), ("alice", CHAPTER_3, 10, 10)]
 
 
 def test_layouts_and_repairs(graded_class):
@@ -362,3 +365,37 @@ def test_a_broken_answer_key_is_named_not_a_traceback(tmp_path, capsys):
     with pytest.raises(SystemExit):
         command(["grade", str(tmp_path / "class"), "--out", str(tmp_path / "out2"), "--solutions", str(tmp_path / "keys")])
     assert "broken.ipynb cannot be used" in capsys.readouterr().err
+
+
+def tiny_key(hidden):
+    """An instructor's own answer key: one task, checked by plain asserts or by a named trusted check."""
+    from icl_course.exercises import mark_cells
+    return mark_cells(nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Tiny\n\n## Task 1: doubling (2 points)"),
+        nbformat.v4.new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
+        nbformat.v4.new_code_cell(f"# self-check, task 1\nassert double(1) == 2\n### BEGIN HIDDEN TESTS\n{hidden}\n"
+                                  "### END HIDDEN TESTS"),
+    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}))
+
+
+def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp_path, capsys):
+    (tmp_path / "keys").mkdir()
+    nbformat.write(tiny_key("assert double(3) == 6"), tmp_path / "keys" / "tiny.ipynb")
+    from icl_course.exercises import generate
+    generate(tmp_path / "keys", tmp_path / "handout")
+    handout = nbformat.read(tmp_path / "handout" / "tiny.ipynb", as_version=4)
+    (tmp_path / "class").mkdir()
+    for student, body in (("ann", "return 2 * x"), ("ben", "return x")):
+        notebook = with_answer(handout, 1, f"def double(x):\n    {body}\n")
+        (tmp_path / "class" / f"{student}_tiny.ipynb").write_text(json.dumps(notebook))
+    found = grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", jobs=2)
+    assert {s.student: s.scores for s in found} == {"ann": {1: 2.0}, "ben": {1: 0.0}}
+    assert "no trusted check records these tasks" in capsys.readouterr().out
+
+
+def test_a_key_that_records_an_unknown_check_is_refused(tmp_path):
+    (tmp_path / "keys").mkdir()
+    nbformat.write(tiny_key('checks.record("tripled", double)'), tmp_path / "keys" / "tiny.ipynb")
+    (tmp_path / "class").mkdir()
+    with pytest.raises(ValueError, match="tiny.ipynb cannot be used: task 1 records \\['tripled'\\]"):
+        grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", progress=False)
