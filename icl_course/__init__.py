@@ -13,8 +13,9 @@ One module per concept, each importable on its own:
 * :mod:`icl_course.checks`, :mod:`icl_course.exercises`, :mod:`icl_course.grade`: exercises and their grading.
 """
 
-from .baselines import (AdaRR, ConstRR, TunedRR, gradient_descent, least_squares,
-                        noise_variance_estimate, oracle_ridge, ridge, tune_step_sizes)
+from .baselines import (AdaRR, BayesOptimal, ConstRR, TunedRR, conjugate_gradient, gradient_descent,
+                        least_squares, newton_inverse, noise_variance_estimate, oracle_ridge, ridge,
+                        tune_step_sizes)
 from .checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from .data import (CategoricalNoise, FixedNoise, RegressionTasks, TaskBatch, UniformNoise,
                    context_gram)

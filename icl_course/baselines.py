@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .data import TaskBatch
+from .data import CategoricalNoise, FixedNoise, NoiseLike, TaskBatch, UniformNoise, as_noise
 
 __all__ = [
     "least_squares",
@@ -36,6 +36,7 @@ __all__ = [
     "tune_step_sizes",
     "conjugate_gradient",
     "newton_inverse",
+    "BayesOptimal",
 ]
 
 
@@ -244,6 +245,74 @@ class TunedRR:
 
     def __repr__(self) -> str:
         return f"TunedRR(factor={self.factor}, cap={self.cap})"
+
+
+class BayesOptimal:
+    """The posterior mean of ``w`` when the learner knows the noise *prior* but not the task's ``sigma``.
+
+    Beyond the paper (COURSE.md chapter 4): the oracle ridge knows each task's ``sigma``, which no
+    learner can; this is the best any learner can do.  With ``w ~ N(0, I)``, given ``sigma`` the
+    posterior mean is the ridge solution ``(Sigma + sigma^2 I)^-1 alpha`` and the labels are
+    ``y ~ N(0, X X^T + sigma^2 I)``; so the answer averages the ridge solutions over the posterior of
+    ``sigma``, ``p(sigma | X, y) ∝ p(sigma) N(y; 0, X X^T + sigma^2 I)``.  A uniform prior is integrated
+    with ``num_levels`` midpoints (one-dimensional quadrature), a categorical one exactly.  One SVD of
+    ``X`` per task makes every level cost O(d).
+
+    >>> BayesOptimal(UniformNoise(3))(batch)    # (B, d)
+    """
+
+    def __init__(self, noise: NoiseLike, num_levels: int = 128):
+        noise = as_noise(noise)
+        if isinstance(noise, FixedNoise):
+            levels = [noise.sigma]
+        elif isinstance(noise, UniformNoise):
+            levels = [(k + 0.5) * noise.sigma_max / num_levels for k in range(num_levels)]
+        elif isinstance(noise, CategoricalNoise):
+            levels = list(noise.levels)
+        else:
+            raise TypeError(f"BayesOptimal knows FixedNoise, UniformNoise and CategoricalNoise, not {noise!r}")
+        self.noise = noise
+        self.levels = torch.tensor(levels, dtype=torch.float64)
+
+    def posterior(self, batch: TaskBatch) -> torch.Tensor:
+        """``p(sigma_k | context)`` for every level: (B, K)."""
+        return self._chunked(batch)[1]
+
+    def __call__(self, batch: TaskBatch) -> torch.Tensor:
+        """The posterior mean of ``w``: (B, d)."""
+        return self._chunked(batch)[0].to(batch.X.dtype)
+
+    def _chunked(self, batch: TaskBatch):
+        X, y = batch.X.double(), batch.y.double()
+        _check_context(X, y)
+        # (chunk, K, d) intermediates: keep them to a few hundred MB whatever the batch size
+        size = max(1, 2**24 // (len(self.levels) * X.shape[-1]))
+        parts = [self._solve(X_part, y_part) for X_part, y_part in zip(X.split(size), y.split(size))]
+        return torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
+
+    def _solve(self, X: torch.Tensor, y: torch.Tensor):
+        n = X.shape[-2]
+        U, S, Vh = torch.linalg.svd(X, full_matrices=False)           # rank k = min(n, d)
+        projected = (U.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1)  # (B, k)
+        if bool((self.levels == 0).any()):
+            if len(self.levels) > 1:
+                raise ValueError("a prior with an atom at sigma = 0 next to other levels is not supported")
+            # sigma = 0 is known: the posterior mean is the minimum-norm interpolant
+            solution = (Vh.transpose(-1, -2) @ (projected / S).unsqueeze(-1)).squeeze(-1)
+            return solution, torch.ones(X.shape[0], 1, dtype=torch.float64)
+        residual = ((y * y).sum(-1) - (projected * projected).sum(-1)).clamp_min(0)
+        zeros = n - S.shape[-1]                                          # eigenvalues of X X^T that are 0
+        noise_variance = self.levels.to(X).pow(2)                        # (K,)
+        squares = S.unsqueeze(-2) ** 2 + noise_variance[:, None]         # (B, K, k)
+        log_likelihood = -0.5 * ((projected.unsqueeze(-2) ** 2 / squares).sum(-1) + squares.log().sum(-1)
+                                 + residual.unsqueeze(-1) / noise_variance + zeros * noise_variance.log())
+        posterior = torch.softmax(log_likelihood, dim=-1)                # the prior is flat over the levels
+        shrunk = S.unsqueeze(-2) * projected.unsqueeze(-2) / squares     # (B, K, k): ridge in the SVD basis
+        solution = ((posterior.unsqueeze(-1) * shrunk).sum(-2).unsqueeze(-2) @ Vh).squeeze(-2)
+        return solution, posterior
+
+    def __repr__(self) -> str:
+        return f"BayesOptimal({self.noise.label})"
 
 
 def _step_sizes(eta, num_steps: int, like: torch.Tensor) -> torch.Tensor:

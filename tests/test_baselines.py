@@ -4,6 +4,7 @@ import torch
 from icl_course import (AdaRR, CategoricalNoise, ConstRR, RegressionTasks, TunedRR, UniformNoise,
                         adjusted_losses, expected_loss, gradient_descent, least_squares,
                         noise_variance_estimate, oracle_ridge, ridge, theory, tune_step_sizes)
+from icl_course.baselines import BayesOptimal
 from icl_course.evaluate import query_averaged_loss
 
 # COURSE.md, Table 1 (seed 002, appendix B): columns U(0, 0..7), {1,3}, {1,3,5}
@@ -163,3 +164,42 @@ def test_newton_inverse_squares_its_error_every_step():
     torch.testing.assert_close(iterates[-1], torch.linalg.inv(S), rtol=1e-6, atol=1e-8)
     with pytest.raises(ValueError, match="positive definite"):
         newton_inverse(-S, 2)
+
+
+def test_bayes_optimal_matches_the_posterior_computed_the_long_way(float64_tasks):
+    batch = float64_tasks(d=4, n=7, noise=CategoricalNoise([1, 3])).sample(6, seed=0)
+    bayes = BayesOptimal(CategoricalNoise([1, 3]))
+    for task in range(6):
+        X, y = batch.X[task], batch.y[task]
+        log_evidence, solutions = [], []
+        for sigma in (1.0, 3.0):
+            covariance = X @ X.T + sigma**2 * torch.eye(7, dtype=torch.float64)
+            log_evidence.append(torch.distributions.MultivariateNormal(torch.zeros(7, dtype=torch.float64), covariance).log_prob(y))
+            solutions.append(ridge(X.unsqueeze(0), y.unsqueeze(0), sigma**2)[0])
+        posterior = torch.softmax(torch.stack(log_evidence), 0)
+        torch.testing.assert_close(bayes.posterior(batch)[task], posterior, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(bayes(batch)[task], posterior[0] * solutions[0] + posterior[1] * solutions[1],
+                                   rtol=1e-10, atol=1e-12)
+    noiseless = float64_tasks(d=4, n=9, noise=0.0).sample(3, seed=1)
+    torch.testing.assert_close(BayesOptimal(0.0)(noiseless), least_squares(noiseless.X, noiseless.y))
+
+
+def test_bayes_optimal_lies_between_the_oracle_and_tuned_ridge():
+    """Knowing the prior is worse than knowing sigma and better than any estimate of it (paired, 40k tasks)."""
+    tasks = RegressionTasks(10, 20, UniformNoise(3), dtype=torch.float64, device="cpu")
+    tuned = TunedRR().fit(tasks.sample(40_000, seed=1))
+    test = tasks.sample(40_000, seed=2)
+    bayes = BayesOptimal(UniformNoise(3))
+
+    def losses(weights):
+        return 0.5 * ((weights - test.w) ** 2).sum(-1)
+
+    fine = BayesOptimal(UniformNoise(3), num_levels=512)
+    coarse_weights = bayes(test)
+    few = RegressionTasks(10, 20, UniformNoise(3), dtype=torch.float64, device="cpu").sample(2000, seed=3)
+    assert (bayes(few) - fine(few)).abs().max() < 1e-3 * fine(few).abs().max()  # the quadrature has converged
+    above_oracle = losses(coarse_weights) - losses(oracle_ridge(test))
+    below_tuned = losses(coarse_weights) - losses(tuned(test))
+    for difference, sign in ((above_oracle, 1), (below_tuned, -1)):
+        assert sign * difference.mean() > 5 * difference.std() / len(difference) ** 0.5
+    assert torch.allclose(bayes.posterior(test).sum(-1), torch.ones(40_000, dtype=torch.float64))
