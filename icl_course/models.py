@@ -43,6 +43,7 @@ __all__ = [
     "LinearTransformer",
     "ModelOutput",
     "gd_construction",
+    "diagonal_construction",
     "build_model",
 ]
 
@@ -376,4 +377,27 @@ def gd_construction(d: int, n: int, eta: float, num_layers: int = 1, preconditio
         for layer in model.layers:
             layer.p.fill_(-eta / n)
             layer.Gamma.copy_(gamma.unsqueeze(0))
+    return model
+
+
+def diagonal_construction(d: int, layers: list, dtype: str | torch.dtype = torch.float64,
+                          device: str | torch.device = "cpu") -> LinearTransformer:
+    """A ``diag`` model with the four weights of every layer set by hand (seed 001; COURSE.md chapter 4).
+
+    ``layers`` holds one dict per layer with any of ``w_xx, w_xy, w_yx, w_yy`` (missing ones are 0).
+    One head has rank-one weights ``w_ab = p_a q_b``, so two heads are used: head 1 has
+    ``p = (1, 0)``, ``q = (w_xx, w_xy)`` and head 2 ``p = (0, 1)``, ``q = (w_yx, w_yy)``.
+    Returns a 2-head ``diag`` :class:`LinearTransformer` with ``len(layers)`` layers.
+    """
+    names = ("w_xx", "w_xy", "w_yx", "w_yy")
+    for index, weights in enumerate(layers):
+        unknown = set(weights) - set(names)
+        if unknown:
+            raise ValueError(f"layer {index}: unknown weights {sorted(unknown)}; the four are {names}")
+    model = LinearTransformer(d, len(layers), 2, "diag", init_scale=0.0, dtype=dtype, device=device)
+    with torch.no_grad():
+        for layer, weights in zip(model.layers, layers):
+            value = {name: float(weights.get(name, 0.0)) for name in names}
+            layer.p.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64))
+            layer.q.copy_(torch.tensor([[value["w_xx"], value["w_xy"]], [value["w_yx"], value["w_yy"]]], dtype=torch.float64))
     return model

@@ -15,7 +15,7 @@ from .data import NoiseLike, as_noise, context_gram
 __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
            "preconditioned_one_step_loss", "one_layer_bilinear_form", "ImplicitLinearModel",
            "implicit_model_step", "implicit_linear_model", "gdpp_spectrum", "condition_number",
-           "gdpp_layers_needed"]
+           "gdpp_layers_needed", "two_noise_construction"]
 
 
 def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> float:
@@ -223,3 +223,23 @@ def gdpp_layers_needed(kappa: float, eps: float) -> int:
         spectrum = gdpp_spectrum(spectrum, 1)[1]
         layers += 1
     return layers + 1
+
+
+def two_noise_construction(n: int, sigma_1: float, sigma_2: float) -> dict:
+    """The two-layer weights of Theorem 5.2 (seed 002) that reach ridge for two noise levels.
+
+    Layer 1 has only ``w_yx`` (a GD step), layer 2 only ``w_yy`` (it rescales every label, the
+    query's too, by ``1 + w_yy lambda^1``).  With ``x ~ N(0, I/n)``, ``Sigma -> I`` and
+    ``lambda^1 -> n sigma^2`` as ``n`` grows, so the prediction tends to
+    ``-(1 + n sigma^2 w_yy) w_yx <alpha, x_t>`` while ridge tends to ``<alpha, x_t> / (1 + sigma^2)``.
+    Matching both levels gives two linear equations in ``w_yx`` and ``m = w_yy w_yx``:
+    ``-(w_yx + n sigma^2 m) = 1 / (1 + sigma^2)`` for ``sigma = sigma_1, sigma_2`` (the paper drops
+    the minus sign that the prediction ``y_hat = -y_t`` carries).
+    Returns ``[{"w_yx": ...}, {"w_yy": ...}]`` for :func:`~icl_course.models.diagonal_construction`.
+    """
+    if sigma_1 == sigma_2:
+        raise ValueError("the construction needs two different noise levels")
+    target_1, target_2 = 1 / (1 + sigma_1**2), 1 / (1 + sigma_2**2)
+    m = (target_2 - target_1) / (n * (sigma_1**2 - sigma_2**2))
+    w_yx = -target_1 - n * sigma_1**2 * m
+    return [{"w_yx": w_yx}, {"w_yy": m / w_yx}]

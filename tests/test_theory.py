@@ -152,3 +152,30 @@ def test_theorem_5_1_condition_number_shrinks_then_squares():
     layers = theory.condition_number(theory.gdpp_spectrum(torch.tensor([1.0, 1e6], dtype=torch.float64), 40))
     reached = [int((layers - 1 > eps).sum()) for eps in (1e-2, 1e-4, 1e-8)]
     assert reached[1] - reached[0] <= 2 and reached[2] - reached[1] <= 2  # squaring: eps^2 costs about one layer
+
+
+def test_a_w_xy_layer_turns_the_next_step_into_minus_w_yx_times_one_plus_w_xy_lambda(float64_tasks):
+    from icl_course.models import diagonal_construction
+    batch = float64_tasks(d=4, n=9, noise=1.0).sample(16, seed=4)
+    w_xy, w_yx = -0.01, -0.3
+    model = diagonal_construction(4, [{"w_xy": w_xy}, {"w_yx": w_yx}])
+    step = -w_yx * (1 + w_xy * batch.label_energy)          # smaller steps for noisier (larger lambda) tasks
+    torch.testing.assert_close(model(batch).prediction, step * (batch.alpha * batch.x_t).sum(-1), rtol=1e-12, atol=1e-12)
+    weights = model.layers[0].diagonal_weights()
+    assert {name: float(value.detach()) for name, value in weights.items()} == {"w_xx": 0.0, "w_xy": w_xy, "w_yx": 0.0, "w_yy": 0.0}
+
+
+def test_theorem_5_2_two_layers_approach_ridge_for_two_noise_levels():
+    """||w^2 - w_ridge||^2 shrinks like 1/n with x ~ N(0, I/n) and sigma in {1, 3}."""
+    from icl_course import CategoricalNoise, ridge
+    from icl_course.models import diagonal_construction
+    distances = []
+    for n in (50, 200, 800):
+        model = diagonal_construction(5, theory.two_noise_construction(n, 1.0, 3.0))
+        tasks = RegressionTasks(5, n, CategoricalNoise([1, 3]), covariance=torch.eye(5, dtype=torch.float64) / n,
+                                dtype=torch.float64, device="cpu")
+        batch = tasks.sample(2000, seed=n)
+        distances.append(((model(batch).weights - ridge(batch.X, batch.y, batch.sigma**2)) ** 2).sum(-1).mean().item())
+    assert distances[1] < distances[0] / 3 and distances[2] < distances[1] / 3 and distances[2] < 0.03
+    with pytest.raises(ValueError, match="two different"):
+        theory.two_noise_construction(10, 1.0, 1.0)
