@@ -371,7 +371,7 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
     settings = dict(template=template, out=out, secret=secret, notebook_timeout=notebook_timeout,
                     memory_bytes=int(memory_gib * 2**30), hidden_tests_in_feedback=hidden_tests_in_feedback)
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:  # each job waits on its own nbgrader process
-        futures = [pool.submit(_grade_one, submission, notebook, keys[submission.assignment], **settings)
+        futures = [pool.submit(_grade_one_safely, submission, notebook, keys[submission.assignment], **settings)
                    for submission, notebook in runnable]
         for future in tqdm(as_completed(futures), total=len(futures), desc="grading", disable=not progress):
             future.result()
@@ -384,10 +384,19 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
     return found
 
 
+def _grade_one_safely(submission: Submission, notebook, key: AnswerKey, **settings) -> None:
+    """:func:`_grade_one`, but a failure of this one submission is reported, never stops the batch."""
+    try:
+        _grade_one(submission, notebook, key, **settings)
+    except Exception as error:
+        submission.scores = {number: 0.0 for number in key.tasks}
+        submission.status = f"could not be graded ({type(error).__name__}: {str(error)[:150]})"
+
+
 def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path, out: Path, secret: str,
                notebook_timeout: float, memory_bytes: int, hidden_tests_in_feedback: bool) -> None:
     """Autograde one submission in a course folder of its own, then score it and write its feedback."""
-    course = out / "nbgrader" / submission.student / submission.assignment
+    course = out / "nbgrader" / "students" / submission.student / submission.assignment
     shutil.copytree(template, course)  # no kernel can reach another submission's gradebook or answer key
     target = course / "submitted" / submission.student / submission.assignment / f"{submission.assignment}.ipynb"
     target.parent.mkdir(parents=True)

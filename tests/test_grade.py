@@ -114,6 +114,7 @@ def graded_class(tmp_path_factory):
                          nbformat.read(solutions / f"{later}.ipynb", as_version=4), range(1, 6)))
     hand_in(f"submitted/bob/{CHAPTER}/{CHAPTER}.ipynb", exercise)
     hand_in(f"submitted/carol/{CHAPTER}/{CHAPTER}.ipynb", answered(exercise, solution, [1]))
+    hand_in("template_01.ipynb", answered(exercise, solution, [1]))  # a student whose name is a folder of ours
     hand_in(f"submitted/dave/{CHAPTER}/{CHAPTER}.ipynb", text="{ this is not json")
     # a Canvas download, with a split cell's duplicate id, another kernel name and megabytes of outputs
     erin = nbformat.from_dict(copy.deepcopy(full))
@@ -181,12 +182,12 @@ class Class:
 
     def autograded(self, student):
         """The notebook as nbgrader executed it in the student's kernel."""
-        return self.out / "nbgrader" / student / CHAPTER / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
+        return self.out / "nbgrader" / "students" / student / CHAPTER / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
 
     def kernel_score(self, student):
         """What nbgrader itself decided inside the student's kernel (not used for points)."""
         from nbgrader.api import Gradebook
-        course = self.out / "nbgrader" / student / CHAPTER
+        course = self.out / "nbgrader" / "students" / student / CHAPTER
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
             return gradebook.find_submission_notebook(CHAPTER, CHAPTER, student).score
 
@@ -196,6 +197,7 @@ def test_full_zero_and_partial_marks(graded_class):
     assert graded_class.total("alice") == FULL and float(rows["alice"]["max_total"]) == FULL
     assert graded_class.total("bob") == 0 and rows["bob"]["status"] == "graded"
     assert graded_class.total("carol") == 2 and graded_class.task("carol", 1) == 2
+    assert graded_class.total("template") == 2
     later = [(row["student"], row["assignment"], float(row["total"]), float(row["max_total"]))
              for row in graded_class.all_rows if row["assignment"] in (CHAPTER_2, CHAPTER_3)]
     assert later == [("alice", CHAPTER_2, 13, 13), ("alice", CHAPTER_3, 10, 10)]
@@ -378,7 +380,7 @@ def tiny_key(hidden):
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}))
 
 
-def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp_path, capsys):
+def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp_path, capsys, monkeypatch):
     (tmp_path / "keys").mkdir()
     nbformat.write(tiny_key("assert double(3) == 6"), tmp_path / "keys" / "tiny.ipynb")
     from icl_course.exercises import generate
@@ -388,9 +390,20 @@ def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp
     for student, body in (("ann", "return 2 * x"), ("ben", "return x")):
         notebook = with_answer(handout, 1, f"def double(x):\n    {body}\n")
         (tmp_path / "class" / f"{student}_tiny.ipynb").write_text(json.dumps(notebook))
+    (tmp_path / "class" / "cy_tiny.ipynb").write_text(json.dumps(with_answer(handout, 1, "def double(x):\n    return x + x\n")))
+    import icl_course.grade as grading
+    write_feedback = grading._write_feedback
+
+    def failing_for_cy(target, *arguments):  # an unexpected failure while grading one submission
+        if target.parent.name == "cy":
+            raise RuntimeError("disk full")
+        return write_feedback(target, *arguments)
+
+    monkeypatch.setattr(grading, "_write_feedback", failing_for_cy)
     found = grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", jobs=2)
-    assert {s.student: s.scores for s in found} == {"ann": {1: 2.0}, "ben": {1: 0.0}}
+    assert {s.student: s.scores for s in found} == {"ann": {1: 2.0}, "ben": {1: 0.0}, "cy": {1: 0.0}}
     assert "no trusted check records these tasks" in capsys.readouterr().out
+    assert next(s for s in found if s.student == "cy").status == "could not be graded (RuntimeError: disk full)"
 
 
 def test_a_key_that_records_an_unknown_check_is_refused(tmp_path):
