@@ -441,8 +441,7 @@ def _cosine_case(B: int, n: int, d: int, generator: torch.Generator) -> Case:
 def _verify_best_cosine(case: Case, output) -> None:
     X, target = case.arguments["X"], case.arguments["target"]
     cosine = _tensor(output, (X.shape[0],), "best_cosine (one cosine per task)")
-    projection = X @ torch.linalg.lstsq(X, target.unsqueeze(-1)).solution
-    expected = projection.squeeze(-1).norm(dim=-1) / target.norm(dim=-1)
+    expected = theory.best_linear_cosine(X, target)
     if not _close(cosine, expected, 1e-8):
         _fail(f"for {case.label}: the best cosine is ||projection of target on the columns of X|| / ||target||")
 
@@ -477,7 +476,7 @@ def _chapter_3() -> list[Check]:
               gdpp_draw, _verify_gdpp_layers, giveaways=("theory", "gdpp_spectrum", "gdpp_layers_needed")),
         Check(3, 3, "best_cosine", lambda: [_cosine_case(3, 20, 4, torch.Generator().manual_seed(0))],
               lambda rng: [_cosine_case(rng.randint(1, 4), rng.randint(8, 40), rng.randint(1, 7), _generator(rng))
-                           for _ in range(3)], _verify_best_cosine),
+                           for _ in range(3)], _verify_best_cosine, giveaways=("theory", "best_linear_cosine")),
         Check(3, 4, "newton_iterates", lambda: [_newton_case(3, 4, torch.Generator().manual_seed(0))],
               lambda rng: [_newton_case(rng.randint(1, 6), rng.randint(0, 8), _generator(rng)) for _ in range(3)],
               _verify_newton_iterates, giveaways=("baselines", "newton_inverse")),

@@ -15,7 +15,7 @@ from .data import NoiseLike, as_noise, context_gram
 __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
            "preconditioned_one_step_loss", "one_layer_bilinear_form", "ImplicitLinearModel",
            "implicit_model_step", "implicit_linear_model", "gdpp_spectrum", "condition_number",
-           "gdpp_layers_needed", "two_noise_construction"]
+           "gdpp_layers_needed", "two_noise_construction", "best_linear_cosine"]
 
 
 def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> float:
@@ -243,3 +243,16 @@ def two_noise_construction(n: int, sigma_1: float, sigma_2: float) -> dict:
     m = (target_2 - target_1) / (n * (sigma_1**2 - sigma_2**2))
     w_yx = -target_1 - n * sigma_1**2 * m
     return [{"w_yx": w_yx}, {"w_yy": m / w_yx}]
+
+
+def best_linear_cosine(X: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The largest cosine between ``target`` and any vector ``X v``: ``||Pi_X target|| / ||target||``.
+
+    Fed linear labels, every layer's context labels are ``X (a w_* - w)`` (Theorem 4.1), so this
+    bounds how well they can correlate with a nonlinear target such as ``x_i(1)^2`` (Theorem 4.2,
+    seed 002).  Shapes: ``X`` (B, n, d), ``target`` (B, n) -> (B,).
+    """
+    if X.dim() != 3 or target.shape != X.shape[:2]:
+        raise ValueError(f"expected X (B, n, d) and target (B, n); got {tuple(X.shape)} and {tuple(target.shape)}")
+    projection = X @ torch.linalg.lstsq(X, target.unsqueeze(-1)).solution
+    return projection.squeeze(-1).norm(dim=-1) / target.norm(dim=-1)

@@ -182,6 +182,10 @@ def test_bayes_optimal_matches_the_posterior_computed_the_long_way(float64_tasks
                                    rtol=1e-10, atol=1e-12)
     noiseless = float64_tasks(d=4, n=9, noise=0.0).sample(3, seed=1)
     torch.testing.assert_close(BayesOptimal(0.0)(noiseless), least_squares(noiseless.X, noiseless.y))
+    with pytest.raises(ValueError, match="atom at sigma = 0"):
+        BayesOptimal(CategoricalNoise([0, 1]))(noiseless)
+    with pytest.raises(TypeError, match="noise must be a number"):
+        BayesOptimal(object())
 
 
 def test_bayes_optimal_lies_between_the_oracle_and_tuned_ridge():
@@ -192,7 +196,7 @@ def test_bayes_optimal_lies_between_the_oracle_and_tuned_ridge():
     bayes = BayesOptimal(UniformNoise(3))
 
     def losses(weights):
-        return 0.5 * ((weights - test.w) ** 2).sum(-1)
+        return query_averaged_loss(weights, test)
 
     fine = BayesOptimal(UniformNoise(3), num_levels=512)
     coarse_weights = bayes(test)

@@ -345,6 +345,15 @@ def test_grading_refuses_to_write_into_the_submissions_or_a_foreign_folder(tmp_p
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+def test_grading_limits_must_be_positive(tmp_path, capsys):
+    (tmp_path / "class").mkdir()
+    for option, value in (("--jobs", "0"), ("--cell-timeout", "-1"), ("--memory-limit", "0")):
+        with pytest.raises(SystemExit):
+            command(["grade", str(tmp_path / "class"), "--out", str(tmp_path / "out"), option, value])
+        assert "must be positive" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_layout_rules(tmp_path):
     for relative in ("submitted/Ann/01/x.ipynb", "bo/01/x.ipynb", "cy_LATE_1_2_x.ipynb", ".ipynb_checkpoints/z.ipynb"):
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)

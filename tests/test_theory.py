@@ -179,3 +179,18 @@ def test_theorem_5_2_two_layers_approach_ridge_for_two_noise_levels():
     assert distances[1] < distances[0] / 3 and distances[2] < distances[1] / 3 and distances[2] < 0.03
     with pytest.raises(ValueError, match="two different"):
         theory.two_noise_construction(10, 1.0, 1.0)
+
+
+def test_construction_helpers_name_what_is_wrong(float64_tasks):
+    from icl_course.models import diagonal_construction
+    with pytest.raises(ValueError, match="unknown weights \\['w_zz'\\]"):
+        diagonal_construction(3, [{"w_zz": 1.0}])
+    with pytest.raises(ValueError, match="kappa >= 1 and eps > 0"):
+        theory.gdpp_layers_needed(0.5, 1e-3)
+    assert theory.gdpp_layers_needed(1.0, 1e-3) == 1  # already conditioned: only the final GD step
+    batch = float64_tasks(d=3, n=8).sample(4, seed=0)
+    with pytest.raises(ValueError, match="expected X"):
+        theory.best_linear_cosine(batch.X, batch.y[0])
+    # the labels themselves lie in the span of X when they are linear: cosine 1
+    noiseless = float64_tasks(d=3, n=8, noise=0.0).sample(4, seed=0)
+    torch.testing.assert_close(theory.best_linear_cosine(noiseless.X, noiseless.y), torch.ones(4, dtype=torch.float64))
