@@ -20,6 +20,7 @@ from typing import Sequence, Union
 
 import torch
 
+from .linalg import singular_mask
 from .runtime import make_generator, resolve_device, resolve_dtype
 
 __all__ = [
@@ -264,10 +265,9 @@ def _cholesky_factor(matrix, d: int, name: str) -> torch.Tensor:
         raise ValueError(f"{name} must have shape ({d}, {d}) for d={d}, got {tuple(matrix.shape)}")
     if not torch.allclose(matrix, matrix.T, atol=1e-10, rtol=1e-8):
         raise ValueError(f"{name} must be symmetric")
-    factor, info = torch.linalg.cholesky_ex(matrix)
-    if info.item() != 0:
-        raise ValueError(f"{name} must be positive definite (its Cholesky factorisation failed)")
-    return factor
+    if bool(singular_mask(matrix)):
+        raise ValueError(f"{name} must be positive definite, and this one is singular (or nearly, in float64)")
+    return torch.linalg.cholesky(matrix)
 
 
 class RegressionTasks:
