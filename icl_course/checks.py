@@ -39,7 +39,7 @@ from .data import RegressionTasks
 from .models import LinearSelfAttention, gd_construction
 from . import theory
 
-__all__ = ["Case", "Check", "CheckFailed", "CHECKS", "self_check", "record", "verify_recorded",
+__all__ = ["Case", "Check", "CheckFailed", "SelfCheckFailed", "CHECKS", "self_check", "record", "verify_recorded",
            "recorded_names", "giveaways_used", "ANSWERS_VARIABLE", "SEED_VARIABLE"]
 
 ANSWERS_VARIABLE = "ICL_COURSE_ANSWERS"
@@ -51,6 +51,17 @@ FLOAT64 = dict(dtype=torch.float64, device="cpu")
 
 class CheckFailed(AssertionError):
     """An output does not have the graded property; the message says which and why."""
+
+
+class SelfCheckFailed(AssertionError):
+    """What a learner sees when a self-check fails: the message alone, without a traceback.
+
+    IPython shows the lines of ``_render_traceback_`` instead of the traceback when an exception
+    has that method; the frames inside this module would only hide the message.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[1;31mSelf-check failed\x1b[0m: {self}"]
 
 
 @dataclass
@@ -512,15 +523,21 @@ def _portable(value, depth: int = 0):
 
 
 def self_check(name: str, function: Callable) -> None:
-    """Verify ``function`` on the examples of the check ``name``; raise ``AssertionError`` saying what is wrong."""
+    """Verify ``function`` on the examples of the check ``name`` and on cases drawn with a local seed.
+
+    Raises :class:`SelfCheckFailed` (an ``AssertionError``) saying what is wrong; prints
+    ``name: passed`` otherwise.  The drawn cases come from a seed of their own, never from the
+    grading seed, which only the instructor's grading run knows.
+    """
     check = _find(name)
-    for case in check.examples():
+    cases = check.examples() + check.draw(random.Random(f"{name}:self-check"))
+    for case in cases:
         output = _portable(function(**copy.deepcopy(case.arguments)))
         try:
             check.verify(case, output)
         except CheckFailed as failure:
-            raise AssertionError(f"{name}: {failure}") from None
-    print(f"{name}: passed")
+            raise SelfCheckFailed(f"{name}: {failure}") from None
+    print(f"{name}: passed ({len(cases)} cases)")
 
 
 def record(name: str, function: Callable) -> None:

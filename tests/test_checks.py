@@ -3,8 +3,10 @@ loads from a learner's kernel can only be plain data."""
 
 import math
 import os
+import re
 
 import nbformat
+
 import pytest
 import torch
 
@@ -115,9 +117,27 @@ def test_self_check_reports_the_function_and_the_reason(capsys):
     with pytest.raises(AssertionError, match="^optimal_coefficient: for n=20, d=10"):
         checks.self_check("optimal_coefficient", lambda n, d, second_moment=0.0: 0.1)
     checks.self_check("optimal_coefficient", lambda n, d, second_moment=0.0: 1 / (n + d + 1 + second_moment))
-    assert capsys.readouterr().out == "optimal_coefficient: passed\n"
+    assert re.fullmatch(r"optimal_coefficient: passed \(\d+ cases\)\n", capsys.readouterr().out)
     with pytest.raises(KeyError, match="no check named 'merged'"):
         checks.self_check("merged", print)
+
+
+def test_a_failed_self_check_shows_its_message_without_a_traceback():
+    with pytest.raises(checks.SelfCheckFailed) as failure:
+        checks.self_check("merged_form", lambda W_K, W_Q, W_V, W_P: (W_P, W_K))
+    shown = "\n".join(failure.value._render_traceback_())   # what IPython prints instead of the frames
+    assert "merged_form: " in shown and "Traceback" not in shown and "File " not in shown
+
+
+def test_self_checks_try_drawn_cases_beyond_the_fixed_examples():
+    seen = []
+
+    def spy(d, n, second_moment=0.0):
+        seen.append((d, n, second_moment))
+        return 1 / (n + d + 1 + second_moment)
+    checks.self_check("optimal_coefficient", spy)
+    examples = checks.CHECKS["optimal_coefficient"].examples()
+    assert len(seen) > len(examples) and len(set(seen)) > len(examples)
 
 
 @pytest.fixture
