@@ -1,5 +1,7 @@
 # The course's commands.  `make lab` and `make test` are the quick start; both create
-# .venv when it is absent and install into it.
+# .venv when it is absent and install into it.  Learners need only `make lab`, which installs
+# the course and JupyterLab; `make test` and the instructor's targets add the test and grading
+# tools (nbgrader).
 PYTHON ?= python3
 VENV ?= .venv
 # The torch to install when the environment has none.  The default is the CPU build; on a
@@ -8,25 +10,45 @@ TORCH ?= torch==2.13.0
 PORT ?= 8888
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.icl-course-installed
+LAB_STAMP := $(VENV)/.icl-course-lab-installed
+# JupyterLab for learners runs with this configuration: nbgrader's menus and panels are switched
+# off even when `make test` has installed nbgrader into the same environment.
+LEARNER_CONFIG := $(CURDIR)/config/jupyter-learner
 # no browser where there is no display to show it
 NO_BROWSER := $(if $(or $(DISPLAY),$(WAYLAND_DISPLAY),$(filter Darwin,$(shell uname -s))),,--no-browser)
 # containers and Colab-like machines run as root, which JupyterLab refuses unless told
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: install lab test course notebooks exercises benchmark clean
+.PHONY: install install-lab lab instructor-lab test course notebooks exercises benchmark clean
 
 install: $(STAMP)
+install-lab: $(LAB_STAMP)
 
-$(STAMP): pyproject.toml
+# torch first, and only when none is importable: the CUDA or CPU build a user chose stays.
+define INSTALL_TORCH
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null && echo "torch is already installed: keeping it" \
 		|| $(BIN)/python -m pip install "$(TORCH)"
-	$(BIN)/python -m pip install -e ".[lab,dev,grading]"
+endef
+
+$(LAB_STAMP): pyproject.toml
+	$(INSTALL_TORCH)
+	$(BIN)/python -m pip install -e ".[lab]"
 	@touch $@
 
-lab: $(STAMP)
+$(STAMP): pyproject.toml
+	$(INSTALL_TORCH)
+	$(BIN)/python -m pip install -e ".[lab,dev,grading]"
+	@touch $@ $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
+	JUPYTER_CONFIG_DIR=$(LEARNER_CONFIG) $(BIN)/jupyter lab --port=$(PORT) $(NO_BROWSER) $(ALLOW_ROOT) \
+		--ServerApp.root_dir=. --LabApp.default_url=/lab/tree/chapters
+
+# The instructor's JupyterLab, with nbgrader's formgrader and assignment panels.
+instructor-lab: $(STAMP)
 	$(BIN)/jupyter lab --port=$(PORT) $(NO_BROWSER) $(ALLOW_ROOT) --ServerApp.root_dir=. \
-		--LabApp.default_url=/lab/tree/chapters
+		--LabApp.default_url=/lab/tree/solutions
 
 test: $(STAMP)
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg \
@@ -39,8 +61,8 @@ course: $(STAMP)
 
 # Re-execute the chapters and solutions in place, so that their stored outputs are current.
 notebooks: $(STAMP)
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace chapters/*.ipynb \
-		$(wildcard solutions/*.ipynb)
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False \
+		chapters/*.ipynb $(wildcard solutions/*.ipynb)
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/train_throughput.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -24,6 +25,9 @@ def setup_notebook() -> None:
         set_matplotlib_formats("png")
     except ImportError:  # not in IPython: nothing to configure
         pass
+    # matplotlib logs one "findfont" line per missing font family while it builds its font cache;
+    # in a notebook they land in stderr above the first figure and say nothing about the course
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     plt.rcParams.update({
         "figure.figsize": (6.4, 3.6), "figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
         "axes.spines.top": False, "axes.spines.right": False, "legend.frameon": False,

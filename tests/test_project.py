@@ -25,7 +25,8 @@ def test_environment_yml_names_the_same_dependencies_as_pyproject():
     expected = dict(requirement(item) for item in project["dependencies"] + project["optional-dependencies"]["lab"])
     environment = yaml.safe_load((ROOT / "environment.yml").read_text())
     conda = [item for item in environment["dependencies"] if isinstance(item, str)]
-    assert "pip" in conda and conda.index("pip") < len(conda), "pip must be listed before the pip: section"
+    pip_entry = next(index for index, item in enumerate(environment["dependencies"]) if isinstance(item, dict))
+    assert "pip" in environment["dependencies"][:pip_entry], "pip must be listed before the pip: section"
     pip_section = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
     assert any(line.startswith("-e") and "dev" in line and "grading" in line for line in pip_section)
     listed = dict(requirement(item) for item in conda if not item.startswith(("python", "pip")))
@@ -90,9 +91,42 @@ def test_notebooks_are_stored_executed_and_clean(path):
     assert "image/svg+xml" not in text, "figures must be PNG"
     assert not re.search(r"/(work|tmp|root|home)/", text), "no absolute paths of one machine"
     assert "arXiv:" in notebook.cells[-1].source or "arXiv:" in text, "a references section with arXiv identifiers"
+    assert "execution" not in "".join(str(cell.metadata.keys()) for cell in code), \
+        "execution timestamps are volatile: run `make notebooks` (it does not record them)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS + sorted((ROOT / "exercises").glob("*.ipynb")), ids=lambda path: path.name)
+def test_notebooks_store_no_warnings(path):
+    """A reader sees stored stderr (font warnings, deprecations) on GitHub and Colab."""
+    notebook = nbformat.read(path, as_version=4)
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            assert not (output.output_type == "stream" and output.name == "stderr"), \
+                f"cell {cell.get('id')} stores stderr: {output.text[:200]!r}"
 
 
 def test_ci_runs_the_readme_test_command():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make lab" in readme and "make test" in readme
+
+
+def test_the_learners_lab_has_no_grading_panels():
+    """`make lab` runs JupyterLab with config/jupyter-learner: nbgrader's extensions are off there."""
+    import os
+    import subprocess
+    import sys
+    environment = dict(os.environ, JUPYTER_CONFIG_DIR=str(ROOT / "config" / "jupyter-learner"))
+    jupyter = [sys.executable, "-m", "jupyter"]
+
+    def listed(*command):
+        result = subprocess.run(jupyter + list(command), env=environment, capture_output=True, text=True,
+                                timeout=120)
+        return result.stdout + result.stderr
+    labextensions = [line for line in listed("labextension", "list").splitlines() if "@jupyter/nbgrader v" in line]
+    assert labextensions and all("disabled" in line for line in labextensions)
+    learner = listed("server", "extension", "list").split("Config dir:")
+    learner = next(part for part in learner if part.strip() and "jupyter-learner" in part.strip().splitlines()[0])
+    assert "nbgrader.server_extensions.formgrader \x1b[31mdisabled" in learner or \
+        "nbgrader.server_extensions.formgrader disabled" in learner
+    assert "make lab" in (ROOT / "Makefile").read_text() and "config/jupyter-learner" in (ROOT / "Makefile").read_text()
