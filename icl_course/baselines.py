@@ -2,7 +2,7 @@
 
 Every learner maps a :class:`~icl_course.data.TaskBatch` of ``B`` tasks to weights
 ``w_hat`` of shape (B, d); its prediction is ``<w_hat, x_t>``.  Ridge regression follows
-seed 002, eq. (5): ``w = (Sigma + ridge_lambda I)^-1 alpha`` with ``Sigma = X^T X`` and
+Vladymyrov et al. 2024, eq. (5): ``w = (Sigma + ridge_lambda I)^-1 alpha`` with ``Sigma = X^T X`` and
 ``alpha = X^T y``, so the oracle's ``ridge_lambda`` is the task's ``sigma^2``.
 
 The three noise-adaptive baselines of Vladymyrov et al. (2024), section 6:
@@ -63,7 +63,7 @@ def _check_context(X: torch.Tensor, y: torch.Tensor) -> None:
 
 
 def least_squares(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Ordinary least squares per task, ``w* = Sigma^-1 alpha`` (seed 002, eq. 4).
+    """Ordinary least squares per task, ``w* = Sigma^-1 alpha`` (Vladymyrov et al. 2024, eq. 4).
 
     Shapes: ``X`` (B, n, d), ``y`` (B, n) -> (B, d).  Needs ``n >= d``.
     """
@@ -76,7 +76,7 @@ def least_squares(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def ridge(X: torch.Tensor, y: torch.Tensor, ridge_lambda) -> torch.Tensor:
-    """Ridge regression per task, ``(Sigma + ridge_lambda I)^-1 alpha`` (seed 002, eq. 5).
+    """Ridge regression per task, ``(Sigma + ridge_lambda I)^-1 alpha`` (Vladymyrov et al. 2024, eq. 5).
 
     Shapes: ``X`` (B, n, d), ``y`` (B, n), ``ridge_lambda`` a number or (B,) -> (B, d).
     """
@@ -173,7 +173,7 @@ class ConstRR:
     """Ridge with one ``ridge_lambda`` for all tasks, tuned to minimise the mean loss.
 
     ``fit(batch)`` tunes on a sample of the task distribution; calling the fitted object on
-    another batch returns its weights (B, d).  (seed 002, section 6, "ConstRR".)
+    another batch returns its weights (B, d).  (Vladymyrov et al. 2024, section 6, "ConstRR".)
     """
 
     def __init__(self, ridge_lambda: float | None = None):
@@ -241,7 +241,7 @@ class TunedRR:
 class BayesOptimal:
     """The posterior mean of ``w`` when the learner knows the noise *prior* but not the task's ``sigma``.
 
-    Beyond the paper (COURSE.md chapter 4): the oracle ridge knows each task's ``sigma``, which no
+    Beyond Vladymyrov et al. 2024: the oracle ridge knows each task's ``sigma``, which no
     learner can; this is the best any learner can do.  With ``w ~ N(0, I)``, given ``sigma`` the
     posterior mean is the ridge solution ``(Sigma + sigma^2 I)^-1 alpha`` and the labels are
     ``y ~ N(0, X X^T + sigma^2 I)``; so the answer averages the ridge solutions over the posterior of
@@ -421,7 +421,7 @@ def newton_inverse(S: torch.Tensor, num_steps: int) -> torch.Tensor:
 
     Started from ``M_0 = I / lambda_max(S)``, the error ``E_k = I - S M_k`` squares at every step,
     ``E_{k+1} = E_k^2``: accuracy ``eps`` takes ``log2(kappa) + log2 log(1/eps)`` steps, the
-    doubly logarithmic rate that GD++ shares (Fu et al. 2023; COURSE.md chapter 3).
+    doubly logarithmic rate that GD++ shares (Fu et al. 2023; chapter 3).
     Shapes: ``S`` (..., d, d) -> (..., num_steps + 1, d, d), ``M_0`` first.
     """
     S = torch.as_tensor(S)

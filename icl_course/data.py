@@ -1,4 +1,4 @@
-"""The in-context regression task and its samplers (COURSE.md, "Notation").
+"""The in-context regression task and its samplers (the notation card, NOTATION.md).
 
 A task draws a weight vector ``w``, ``n`` context inputs ``x_i`` and a query ``x_t``;
 the labels are ``y_i = <w, x_i> + xi_i`` with ``xi_i ~ N(0, sigma^2)`` and the query's
@@ -95,7 +95,7 @@ class FixedNoise(NoiseDistribution):
 
 
 class UniformNoise(NoiseDistribution):
-    """``sigma ~ U(0, sigma_max)`` per task: the columns 0..7 of Table 1 (seed 002)."""
+    """``sigma ~ U(0, sigma_max)`` per task: the columns 0..7 of Table 1 (Vladymyrov et al. 2024)."""
 
     def __init__(self, sigma_max: float):
         self.sigma_max = _check_level(sigma_max, "sigma_max")
@@ -165,7 +165,7 @@ def context_gram(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The Gram matrix of the context tokens, ``G = sum_i e_i e_i^T``.
 
     Shapes: ``X`` (B, n, d), ``y`` (B, n) -> ``G`` (B, d+1, d+1), with blocks
-    ``[[Sigma, alpha], [alpha^T, lambda]]`` (seed 002, section 2.1).
+    ``[[Sigma, alpha], [alpha^T, lambda]]`` (Vladymyrov et al. 2024, section 2.1).
     """
     tokens = torch.cat([X, y.unsqueeze(-1)], dim=-1)
     return tokens.transpose(-1, -2) @ tokens

@@ -1,7 +1,7 @@
 """Losses and their Monte-Carlo estimates.
 
-The loss is half the mean squared error, ``1/2 E[(y_hat - y_t)^2]`` (COURSE.md fixes this
-scale: it is the scale of Table 1).  Every predictor here is linear in the query,
+The loss is half the mean squared error, ``1/2 E[(y_hat - y_t)^2]`` (the course fixes this
+scale once, in chapter 0: it is the scale of Table 1 of Vladymyrov et al. 2024).  Every predictor here is linear in the query,
 ``y_hat = <w_hat, x_t>`` with ``w_hat`` independent of ``x_t``, so the expectation over
 the query is exact: ``1/2 (w_hat - w)^T S (w_hat - w)``, with ``S`` the query's covariance
 (the identity by default).  Using it removes the query's noise from every estimate.
@@ -121,7 +121,7 @@ def loss_difference(predictor: Callable, reference: Callable, sampler: Regressio
 
 def adjusted_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int = 100_000,
                   chunk_size: int = 50_000, seed=None) -> Estimate:
-    """Loss minus the oracle ridge's loss on the same tasks (seed 002, section 6).
+    """Loss minus the oracle ridge's loss on the same tasks (Vladymyrov et al. 2024, section 6).
 
     Paired on the same tasks, so the standard error is that of the difference.
     """
@@ -157,6 +157,6 @@ def per_layer_loss(model, sampler: RegressionTasks, num_tasks: int = 100_000,
 
 def noise_profile(predictor: Callable, sampler: RegressionTasks, sigmas: Sequence[float],
                   num_tasks: int = 20_000, chunk_size: int = 50_000, seed=None) -> list[Estimate]:
-    """Adjusted loss at each fixed noise level in ``sigmas`` (chapter 4's per-noise profile)."""
+    """Adjusted loss at each fixed noise level in ``sigmas`` (the per-noise profile of Vladymyrov et al. 2024, Fig. 2)."""
     return [adjusted_loss(predictor, sampler.with_noise(FixedNoise(float(sigma))), num_tasks,
                           chunk_size, seed) for sigma in sigmas]

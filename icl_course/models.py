@@ -1,4 +1,4 @@
-"""Linear self-attention, in the merged ``(P, Q)`` form of seed 002, eq. (2)-(3).
+"""Linear self-attention, in the merged ``(P, Q)`` form of Vladymyrov et al. 2024, eq. (2)-(3).
 
 One layer moves every token, the query included, by
 
@@ -11,10 +11,10 @@ so within a layer all tokens move by the same matrix ``T = I + A`` with
   ``n`` tokens themselves are never needed again;
 * the query starts as ``(x_t, 0)`` and is never read by the context, so its last
   coordinate after layer ``l`` is ``-<w^l, x_t>`` with ``w^l`` independent of ``x_t``:
-  every model here is an implicit linear model (seed 002, Theorem 4.1) and the loss
+  every model here is an implicit linear model (Vladymyrov et al. 2024, Theorem 4.1) and the loss
   averaged over the query is ``1/2 ||w^l - w||^2`` (for isotropic queries).
 
-Parameterisations (COURSE.md, table "Parameterisations are views of the same layer"):
+Parameterisations (all views of the same layer; see NOTATION.md):
 
 ========  ====================================================  ===========================
 name      per head                                              parameters
@@ -59,7 +59,7 @@ def _check_parameterization(name: str) -> str:
 
 
 class LinearSelfAttention(nn.Module):
-    """One residual linear self-attention layer with ``num_heads`` heads (seed 002, eq. 3).
+    """One residual linear self-attention layer with ``num_heads`` heads (Vladymyrov et al. 2024, eq. 3).
 
     Args:
         d: input dimension; tokens have ``d + 1`` coordinates.
@@ -129,7 +129,7 @@ class LinearSelfAttention(nn.Module):
         return self.p[:, expand], q[:, expand]
 
     def diagonal_weights(self) -> dict[str, torch.Tensor]:
-        """The four weights of a ``diag``/``gdpp`` layer (seed 001; COURSE.md chapter 4).
+        """The four weights of a ``diag``/``gdpp`` layer (Vladymyrov et al. 2024, section 5.2).
 
         ``w_xx = sum_k p_x q_x``, ``w_xy = sum_k p_x q_y``, ``w_yx = sum_k p_y q_x``,
         ``w_yy = sum_k p_y q_y`` (sums over heads), each a 0-dimensional tensor.
@@ -186,7 +186,7 @@ class ModelOutput:
 
     Attributes:
         layer_weights: (B, L, d) the implicit linear model ``w^l`` after each layer, so that
-            the query's last coordinate is ``-<w^l, x_t>`` (seed 002, Theorem 4.1).
+            the query's last coordinate is ``-<w^l, x_t>`` (Vladymyrov et al. 2024, Theorem 4.1).
         layer_predictions: (B, L) the prediction ``-y_t^l = <w^l, x_t>`` after each layer,
             or None when no query was given.
     """
@@ -359,7 +359,7 @@ def gd_construction(d: int, n: int, eta: float, num_layers: int = 1, preconditio
     """Weights that make a linear transformer run ``num_layers`` steps of gradient descent.
 
     The loss is ``L(w) = 1/(2n) sum_i (<w, x_i> - y_i)^2`` from ``w_0 = 0`` with step ``eta``
-    (von Oswald et al. 2023, Proposition 1; COURSE.md chapter 1): every layer has
+    (von Oswald et al. 2023, Proposition 1; chapter 1): every layer has
     ``Q = [[Gamma, 0], [0, 0]]`` and ``P = [[0, 0], [0, -eta/n]]`` with ``Gamma = I`` (or
     ``Gamma = preconditioner^T`` for the step ``w <- w - eta * preconditioner @ grad L``).
     Each layer turns every context label into its residual ``y_i - <w^l, x_i>``.
@@ -382,7 +382,7 @@ def gd_construction(d: int, n: int, eta: float, num_layers: int = 1, preconditio
 
 def diagonal_construction(d: int, layers: list, dtype: str | torch.dtype = torch.float64,
                           device: str | torch.device = "cpu") -> LinearTransformer:
-    """A ``diag`` model with the four weights of every layer set by hand (seed 001; COURSE.md chapter 4).
+    """A ``diag`` model with the four weights of every layer set by hand (Vladymyrov et al. 2024, section 5.2).
 
     ``layers`` holds one dict per layer with any of ``w_xx, w_xy, w_yx, w_yy`` (missing ones are 0).
     One head has rank-one weights ``w_ab = p_a q_b``, so two heads are used: head 1 has

@@ -4,7 +4,7 @@ import torch
 
 
 def attention_layer_by_the_formula(tokens, P, Q):
-    """One layer, token by token and head by head (seed 002, eq. 3):
+    """One layer, token by token and head by head (Vladymyrov et al. 2024, eq. 3):
     e_i <- e_i + sum_k sum_{j <= n} (e_j^T Q_k e_i) P_k e_j, the query (last token) never read.
 
     tokens (B, n+1, D); P, Q (H, D, D).
