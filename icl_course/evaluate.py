@@ -6,6 +6,11 @@ scale once, in chapter 0: it is the scale of Table 1 of Vladymyrov et al. 2024).
 the query is exact: ``1/2 (w_hat - w)^T S (w_hat - w)``, with ``S`` the query's covariance
 (the identity by default).  Using it removes the query's noise from every estimate.
 
+Models of three layers and more have heavy-tailed errors: a few ill-conditioned tasks, amplified
+by the polynomial of ``Sigma`` the model computes, can dominate a mean over 100 000 tasks.  So
+every function here takes ``num_tasks=None`` to mean 1 000 000 tasks (in chunks) when a
+predictor is a model of 3 layers or more, and 100 000 otherwise.
+
 A *predictor* is anything that maps a :class:`~icl_course.data.TaskBatch` to weights
 (B, d): a baseline such as :func:`~icl_course.baselines.oracle_ridge`, a fitted
 :class:`~icl_course.baselines.ConstRR`, or a
@@ -35,9 +40,13 @@ __all__ = [
     "adjusted_losses",
     "per_layer_loss",
     "noise_profile",
+    "default_num_tasks",
 ]
 
 EVALUATION_SEED = 2024  # differs from every training seed, so no model is scored on its own batches
+DEEP_LAYERS = 3           # from this depth on, errors are heavy-tailed
+DEEP_NUM_TASKS = 1_000_000
+DEFAULT_NUM_TASKS = 100_000
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,14 @@ class Estimate:
     stderr: float
     num_tasks: int
 
+    @classmethod
+    def from_samples(cls, values) -> "Estimate":
+        """The mean of independent per-task values (a (N,) tensor or sequence) and its standard error."""
+        values = torch.as_tensor(values, dtype=torch.float64).flatten()
+        if values.numel() < 2:
+            raise ValueError(f"a standard error needs at least 2 values, got {values.numel()}")
+        return cls(float(values.mean()), float(values.std() / math.sqrt(values.numel())), values.numel())
+
     def __str__(self) -> str:
         return f"{self.mean:.4g} ± {self.stderr:.2g}"
 
@@ -55,6 +72,16 @@ class Estimate:
         if not spec:
             return str(self)
         return f"{format(self.mean, spec)} ± {format(self.stderr, spec)}"
+
+
+def default_num_tasks(*predictors) -> int:
+    """1 000 000 tasks if any predictor is a model of 3 layers or more (heavy tails), else 100 000."""
+    deep = any(getattr(predictor, "num_layers", 0) >= DEEP_LAYERS for predictor in predictors)
+    return DEEP_NUM_TASKS if deep else DEFAULT_NUM_TASKS
+
+
+def _count(num_tasks, *predictors) -> int:
+    return default_num_tasks(*predictors) if num_tasks is None else num_tasks
 
 
 def _weights_of(predictor: Callable, batch: TaskBatch) -> torch.Tensor:
@@ -85,7 +112,7 @@ def sampled_query_loss(predictions: torch.Tensor, batch: TaskBatch) -> torch.Ten
 def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: RegressionTasks,
                  num_tasks: int, chunk_size: int, seed) -> list[Estimate]:
     """Mean and standard error of ``per_task(batch)`` ((B,) or (B, K)) over fresh chunks."""
-    if num_tasks < 2:
+    if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 2:
         raise ValueError(f"num_tasks must be at least 2 to have a standard error, got {num_tasks}")
     generator = make_generator(EVALUATION_SEED if seed is None else seed)
     total = total_squares = None
@@ -103,23 +130,24 @@ def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: Regress
     return [Estimate(float(m), math.sqrt(float(v) / num_tasks), num_tasks) for m, v in zip(mean, variance)]
 
 
-def expected_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int = 100_000,
+def expected_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int | None = None,
                   chunk_size: int = 50_000, seed=None) -> Estimate:
-    """``1/2 E[(y_hat - y_t)^2]`` over ``num_tasks`` fresh tasks from ``sampler``."""
+    """``1/2 E[(y_hat - y_t)^2]`` over ``num_tasks`` fresh tasks from ``sampler`` (see :func:`default_num_tasks`)."""
     return _monte_carlo(lambda batch: query_averaged_loss(_weights_of(predictor, batch), batch),
-                        sampler, num_tasks, chunk_size, seed)[0]
+                        sampler, _count(num_tasks, predictor), chunk_size, seed)[0]
 
 
 def loss_difference(predictor: Callable, reference: Callable, sampler: RegressionTasks,
-                    num_tasks: int = 100_000, chunk_size: int = 50_000, seed=None) -> Estimate:
+                    num_tasks: int | None = None, chunk_size: int = 50_000, seed=None) -> Estimate:
     """``loss(predictor) - loss(reference)``, paired on the same tasks (a small standard error)."""
     def difference(batch):
         return (query_averaged_loss(_weights_of(predictor, batch), batch)
                 - query_averaged_loss(_weights_of(reference, batch), batch))
-    return _monte_carlo(difference, sampler, num_tasks, chunk_size, seed)[0]
+    return _monte_carlo(difference, sampler, _count(num_tasks, predictor, reference),
+                        chunk_size, seed)[0]
 
 
-def adjusted_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int = 100_000,
+def adjusted_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int | None = None,
                   chunk_size: int = 50_000, seed=None) -> Estimate:
     """Loss minus the oracle ridge's loss on the same tasks (Vladymyrov et al. 2024, section 6).
 
@@ -128,7 +156,7 @@ def adjusted_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int 
     return adjusted_losses({"predictor": predictor}, sampler, num_tasks, chunk_size, seed)["predictor"]
 
 
-def adjusted_losses(predictors: dict, sampler: RegressionTasks, num_tasks: int = 100_000,
+def adjusted_losses(predictors: dict, sampler: RegressionTasks, num_tasks: int | None = None,
                     chunk_size: int = 50_000, seed=None) -> dict:
     """:func:`adjusted_loss` for several predictors on the very same tasks: name -> Estimate.
 
@@ -141,10 +169,11 @@ def adjusted_losses(predictors: dict, sampler: RegressionTasks, num_tasks: int =
         oracle = query_averaged_loss(oracle_ridge(batch), batch)
         return torch.stack([query_averaged_loss(_weights_of(predictors[name], batch), batch) - oracle
                             for name in names], dim=-1)
+    num_tasks = _count(num_tasks, *predictors.values())
     return dict(zip(names, _monte_carlo(differences, sampler, num_tasks, chunk_size, seed)))
 
 
-def per_layer_loss(model, sampler: RegressionTasks, num_tasks: int = 100_000,
+def per_layer_loss(model, sampler: RegressionTasks, num_tasks: int | None = None,
                    chunk_size: int = 50_000, seed=None, adjusted: bool = False) -> list[Estimate]:
     """The loss of every layer's intermediate prediction ``-y_t^l``, l = 1..L (a list of L)."""
     def per_layer(batch):
@@ -152,11 +181,16 @@ def per_layer_loss(model, sampler: RegressionTasks, num_tasks: int = 100_000,
         if adjusted:
             losses = losses - query_averaged_loss(oracle_ridge(batch), batch).unsqueeze(1)
         return losses
-    return _monte_carlo(per_layer, sampler, num_tasks, chunk_size, seed)
+    return _monte_carlo(per_layer, sampler, _count(num_tasks, model), chunk_size, seed)
 
 
 def noise_profile(predictor: Callable, sampler: RegressionTasks, sigmas: Sequence[float],
-                  num_tasks: int = 20_000, chunk_size: int = 50_000, seed=None) -> list[Estimate]:
-    """Adjusted loss at each fixed noise level in ``sigmas`` (the per-noise profile of Vladymyrov et al. 2024, Fig. 2)."""
+                  num_tasks: int | None = None, chunk_size: int = 50_000, seed=None) -> list[Estimate]:
+    """Adjusted loss at each fixed noise level in ``sigmas`` (the per-noise profile of Vladymyrov et al. 2024, Fig. 2).
+
+    ``num_tasks`` per level; by default 20 000, or 1 000 000 for a model of 3 layers or more.
+    """
+    if num_tasks is None:
+        num_tasks = DEEP_NUM_TASKS if default_num_tasks(predictor) == DEEP_NUM_TASKS else 20_000
     return [adjusted_loss(predictor, sampler.with_noise(FixedNoise(float(sigma))), num_tasks,
                           chunk_size, seed) for sigma in sigmas]

@@ -90,3 +90,26 @@ def test_loss_difference_is_paired():
     gap = loss_difference(lambda b: least_squares(b.X, b.y), oracle_ridge, tasks, num_tasks=20_000)
     separate = expected_loss(lambda b: least_squares(b.X, b.y), tasks, num_tasks=20_000)
     assert 0 < gap.mean and gap.stderr < separate.stderr
+
+
+def test_deep_models_are_evaluated_on_a_million_tasks_by_default():
+    from icl_course import LinearTransformer
+    from icl_course.evaluate import default_num_tasks
+    shallow = LinearTransformer(3, num_layers=2, parameterization="diag", seed=0, device="cpu")
+    deep = LinearTransformer(3, num_layers=3, parameterization="diag", seed=0, device="cpu")
+    assert default_num_tasks(zero_predictor) == default_num_tasks(shallow) == 100_000
+    assert default_num_tasks(deep) == default_num_tasks(zero_predictor, deep) == 1_000_000
+    tasks = RegressionTasks(3, 6, 0.5, device="cpu")
+    assert expected_loss(zero_predictor, tasks, chunk_size=50_000).num_tasks == 100_000
+    assert adjusted_loss(deep, tasks, chunk_size=250_000).num_tasks == 1_000_000
+    with pytest.raises(ValueError, match="at least 2"):
+        expected_loss(zero_predictor, tasks, num_tasks=0)
+
+
+def test_estimate_from_samples_is_the_mean_and_its_standard_error():
+    values = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=torch.float64)
+    estimate = Estimate.from_samples(values)
+    assert estimate.mean == 3.0 and estimate.num_tasks == 4
+    assert estimate.stderr == pytest.approx(float(values.std()) / 2)
+    with pytest.raises(ValueError, match="at least 2"):
+        Estimate.from_samples([1.0])
