@@ -130,3 +130,11 @@ def test_the_learners_lab_has_no_grading_panels():
     assert "nbgrader.server_extensions.formgrader \x1b[31mdisabled" in learner or \
         "nbgrader.server_extensions.formgrader disabled" in learner
     assert "make lab" in (ROOT / "Makefile").read_text() and "config/jupyter-learner" in (ROOT / "Makefile").read_text()
+
+
+def test_every_chapter_links_the_notation_card():
+    assert (ROOT / "NOTATION.md").exists()
+    for path in sorted((ROOT / "chapters").glob("*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        introduction = "".join(cell.source for cell in notebook.cells[:3] if cell.cell_type == "markdown")
+        assert "../NOTATION.md" in introduction, f"{path.name}: link the notation card near the top"
