@@ -24,6 +24,7 @@ import torch
 
 from .data import CategoricalNoise, FixedNoise, NoiseLike, TaskBatch, UniformNoise, as_noise
 from .linalg import singular_mask, solve_positive_definite
+from .runtime import check_count
 
 __all__ = [
     "least_squares",
@@ -327,8 +328,7 @@ def gradient_descent(X: torch.Tensor, y: torch.Tensor, eta, num_steps: int,
     steps, never over tasks.
     """
     _check_context(X, y)
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
-        raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    check_count(num_steps, "num_steps", minimum=0)
     n, d = X.shape[-2], X.shape[-1]
     steps = _step_sizes(eta, num_steps, X)
     direction = (torch.eye(d, dtype=X.dtype, device=X.device) if preconditioner is None
@@ -390,8 +390,7 @@ def conjugate_gradient(X: torch.Tensor, y: torch.Tensor, num_steps: int) -> torc
     residual is exactly zero stays where it is.
     """
     _check_context(X, y)
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
-        raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    check_count(num_steps, "num_steps", minimum=0)
     n = X.shape[-2]
     Sigma = X.transpose(-1, -2) @ X / n
     alpha = (X.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1) / n
@@ -427,8 +426,7 @@ def newton_inverse(S: torch.Tensor, num_steps: int) -> torch.Tensor:
     S = torch.as_tensor(S)
     if S.dim() < 2 or S.shape[-1] != S.shape[-2]:
         raise ValueError(f"S must be a square matrix or a batch of them, got shape {tuple(S.shape)}")
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
-        raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    check_count(num_steps, "num_steps", minimum=0)
     if not torch.allclose(S, S.transpose(-1, -2)) or bool(singular_mask(S).any()):
         raise ValueError("S must be symmetric positive definite, and not singular in its dtype "
                          "(Newton's iteration for S^-1 needs it)")

@@ -21,7 +21,7 @@ from typing import Sequence, Union
 import torch
 
 from .linalg import singular_mask
-from .runtime import make_generator, resolve_device, resolve_dtype
+from .runtime import check_count, make_generator, resolve_device, resolve_dtype
 
 __all__ = [
     "TaskBatch",
@@ -253,12 +253,6 @@ class TaskBatch:
 # ----------------------------------------------------------------------------- sampler
 
 
-def _check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def _cholesky_factor(matrix, d: int, name: str) -> torch.Tensor:
     matrix = torch.as_tensor(matrix, dtype=torch.float64)
     if matrix.shape != (d, d):
@@ -285,8 +279,8 @@ class RegressionTasks:
     def __init__(self, d: int, n: int, noise: NoiseLike = 0.0, covariance=None,
                  weight_covariance=None, weight_mean=None, dtype: str | torch.dtype = torch.float32,
                  device: str | torch.device = "auto"):
-        self.d = _check_positive_int(d, "d")
-        self.n = _check_positive_int(n, "n")
+        self.d = check_count(d, "d")
+        self.n = check_count(n, "n")
         self.noise = as_noise(noise)
         self.dtype = resolve_dtype(dtype)
         self.device = resolve_device(device)
@@ -318,7 +312,7 @@ class RegressionTasks:
         Returns a :class:`TaskBatch` with ``X`` (B, n, d), ``y`` (B, n), ``x_t`` (B, d),
         ``y_t`` (B,), ``w`` (B, d), ``sigma`` (B,).
         """
-        _check_positive_int(num_tasks, "num_tasks")
+        check_count(num_tasks, "num_tasks")
         generator = make_generator(seed)
         B, n, d = num_tasks, self.n, self.d
         sigma = self.noise.sample(B, generator)

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .data import TaskBatch, context_gram
-from .runtime import make_generator, resolve_device, resolve_dtype
+from .runtime import check_count, make_generator, resolve_device, resolve_dtype
 
 __all__ = [
     "PARAMETERIZATIONS",
@@ -222,8 +222,7 @@ class LinearTransformer(nn.Module):
                  dtype: str | torch.dtype = torch.float32, device: str | torch.device = "auto"):
         super().__init__()
         for name, value in (("d", d), ("num_layers", num_layers), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_count(value, name)
         _check_parameterization(parameterization)
         self.d = d
         self.config = {
@@ -366,8 +365,7 @@ def gd_construction(d: int, n: int, eta: float, num_layers: int = 1, preconditio
 
     Shapes: ``preconditioner`` (d, d) or None.  Returns a ``"gd"`` :class:`LinearTransformer`.
     """
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    check_count(n, "n")
     model = LinearTransformer(d, num_layers, 1, "gd", init_scale=0.0, dtype=dtype, device=device)
     gamma = torch.eye(d, dtype=torch.float64) if preconditioner is None else \
         torch.as_tensor(preconditioner, dtype=torch.float64).T

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["resolve_device", "resolve_dtype", "make_generator"]
+__all__ = ["resolve_device", "resolve_dtype", "make_generator", "check_count"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -64,3 +64,11 @@ def make_generator(seed: int | torch.Generator | None = 0) -> torch.Generator:
     generator = torch.Generator(device="cpu")
     generator.manual_seed(seed)
     return generator
+
+
+def check_count(value, name: str, minimum: int = 1) -> int:
+    """``value`` if it is an integer of at least ``minimum`` (not a bool), else a clear ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return value

@@ -26,7 +26,7 @@ from .checkpoints import CheckpointError, read_checkpoint, save_checkpoint
 from .data import RegressionTasks
 from .evaluate import query_averaged_loss
 from .models import LinearTransformer
-from .runtime import make_generator
+from .runtime import check_count, make_generator
 
 __all__ = ["train", "TrainingHistory", "TrainingDiverged", "learning_rate_factor"]
 
@@ -78,12 +78,86 @@ def _settings_differ(saved: dict, current: dict) -> list[str]:
             for key, value in current.items() if saved.get(key) != value]
 
 
+def _check_arguments(model, sampler, num_steps, batch_size, learning_rate, schedule,
+                     divergence_patience) -> None:
+    check_count(num_steps, "num_steps", minimum=0)
+    check_count(batch_size, "batch_size")
+    check_count(divergence_patience, "divergence_patience")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be positive, got {learning_rate!r}")
+    if sampler.d != model.d:
+        raise ValueError(f"the model was built for d={model.d} but the sampler draws d={sampler.d}")
+    if sampler.dtype != model.dtype or sampler.device != model.device:
+        raise ValueError(
+            f"the sampler makes {sampler.dtype} tasks on {sampler.device} but the model is {model.dtype} "
+            f"on {model.device}; create both with the same dtype= and device="
+        )
+
+
+def _resume(checkpoint, model, optimizer, generator, settings: dict) -> tuple[int, TrainingHistory]:
+    """Restore a run from ``checkpoint`` when it exists: (the step to continue at, the history)."""
+    if checkpoint is None or not os.path.exists(checkpoint):
+        return 0, TrainingHistory()
+    payload = read_checkpoint(checkpoint)
+    state = payload.get("training_state") or {}
+    problems = _settings_differ(payload["model_config"], model.config)
+    problems += _settings_differ(state.get("settings", {}), settings)
+    if problems:
+        raise CheckpointError(
+            f"{checkpoint} belongs to another run ({'; '.join(problems)}). Pass a new checkpoint "
+            "path, or delete the file to start over."
+        )
+    model.load_state_dict(payload["model_state"])
+    optimizer.load_state_dict(state["optimizer"])
+    generator.set_state(state["generator"])
+    history = TrainingHistory(losses=list(state["history"]["losses"]),
+                              learning_rates=list(state["history"]["learning_rates"]),
+                              resumed_at=state["step"])
+    return state["step"], history
+
+
+class _DivergenceRule:
+    """Stop on a non-finite loss, or when the loss stays above ``factor`` times the first loss for
+    ``patience`` steps in a row.  Deep models see single-batch spikes (one ill-conditioned task,
+    amplified by the polynomial the model computes) that training recovers from; a rule that
+    stopped at the first spike would end good runs."""
+
+    def __init__(self, factor: float, patience: int, reference: Optional[float]):
+        self.factor, self.patience, self.reference, self.bad_steps = factor, patience, reference, 0
+
+    def check(self, step: int, value: float, learning_rate: float) -> None:
+        self.reference = value if self.reference is None else self.reference
+        exploded = value > self.factor * max(self.reference, 1e-12)
+        self.bad_steps = self.bad_steps + 1 if exploded else 0
+        if not math.isfinite(value) or self.bad_steps >= self.patience:
+            raise TrainingDiverged(
+                f"training diverged at step {step}: the loss is {value:.3g} (it started at "
+                f"{self.reference:.3g}). Lower learning_rate (now {learning_rate:g}), set clip_norm, "
+                "or add warmup_steps; the last good checkpoint, if any, is unchanged."
+            )
+
+
+def _optimizer_step(model, optimizer, loss, clip_norm, step: int, value: float) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip_norm is not None:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        if not torch.isfinite(norm):
+            raise TrainingDiverged(
+                f"a gradient became NaN or infinite at step {step} (loss {value:.3g}); lower "
+                "learning_rate or use float64"
+            )
+    optimizer.step()
+
+
 def train(model: LinearTransformer, sampler: RegressionTasks, num_steps: int,
           batch_size: int = 2048, learning_rate: float = 1e-3, schedule: str = "cosine",
           warmup_steps: int = 0, clip_norm: Optional[float] = 1.0, seed: int = 0,
           checkpoint: Optional[str | os.PathLike] = None, checkpoint_every: int = 500,
           metadata: Optional[dict] = None, progress: bool = True,
-          divergence_factor: float = 1e3) -> TrainingHistory:
+          divergence_factor: float = 1e3, divergence_patience: int = 10) -> TrainingHistory:
     """Train ``model`` in place with Adam on fresh tasks from ``sampler``.
 
     Args:
@@ -99,51 +173,20 @@ def train(model: LinearTransformer, sampler: RegressionTasks, num_steps: int,
         checkpoint: a file to save to every ``checkpoint_every`` steps and to resume from.
         metadata: saved with the checkpoint (for example the command that made it).
         progress: show a tqdm progress bar.
-        divergence_factor: stop when the loss exceeds this multiple of its first value.
+        divergence_factor: a loss above this multiple of the first loss counts as exploded ...
+        divergence_patience: ... and this many exploded steps in a row stop the run (a NaN or
+            infinite loss stops it at once).  Single batches of deep models can spike.
 
     Returns a :class:`TrainingHistory`; raises :class:`TrainingDiverged` with advice when the
     loss becomes NaN, infinite or explodes (no checkpoint of the diverged state is written).
     """
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
-        raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if not learning_rate > 0:
-        raise ValueError(f"learning_rate must be positive, got {learning_rate!r}")
-    if sampler.d != model.d:
-        raise ValueError(f"the model was built for d={model.d} but the sampler draws d={sampler.d}")
-    if sampler.dtype != model.dtype or sampler.device != model.device:
-        raise ValueError(
-            f"the sampler makes {sampler.dtype} tasks on {sampler.device} but the model is {model.dtype} "
-            f"on {model.device}; create both with the same dtype= and device="
-        )
+    _check_arguments(model, sampler, num_steps, batch_size, learning_rate, schedule, divergence_patience)
     settings = {"num_steps": num_steps, "batch_size": batch_size, "learning_rate": learning_rate,
                 "schedule": schedule, "warmup_steps": warmup_steps, "clip_norm": clip_norm,
                 "seed": seed, "sampler": repr(sampler)}
-
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
     generator = make_generator(seed)
-    history = TrainingHistory()
-    start = 0
-    if checkpoint is not None and os.path.exists(checkpoint):
-        payload = read_checkpoint(checkpoint)
-        state = payload.get("training_state") or {}
-        problems = _settings_differ(payload["model_config"], model.config)
-        problems += _settings_differ(state.get("settings", {}), settings)
-        if problems:
-            raise CheckpointError(
-                f"{checkpoint} belongs to another run ({'; '.join(problems)}). Pass a new checkpoint "
-                "path, or delete the file to start over."
-            )
-        model.load_state_dict(payload["model_state"])
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        history = TrainingHistory(losses=list(state["history"]["losses"]),
-                                  learning_rates=list(state["history"]["learning_rates"]),
-                                  resumed_at=state["step"])
-        start = state["step"]
+    start, history = _resume(checkpoint, model, optimizer, generator, settings)
 
     def save(step: int) -> None:
         if checkpoint is None:
@@ -154,7 +197,8 @@ def train(model: LinearTransformer, sampler: RegressionTasks, num_steps: int,
 
     from tqdm.auto import tqdm
 
-    reference = history.losses[0] if history.losses else None
+    divergence = _DivergenceRule(divergence_factor, divergence_patience,
+                                 history.losses[0] if history.losses else None)
     model.train()
     with tqdm(total=num_steps, initial=start, disable=not progress, desc="training",
               dynamic_ncols=True) as bar:
@@ -165,23 +209,8 @@ def train(model: LinearTransformer, sampler: RegressionTasks, num_steps: int,
             batch = sampler.sample(batch_size, generator)
             loss = query_averaged_loss(model.final_weights(batch), batch).mean()
             value = loss.item()
-            reference = value if reference is None else reference
-            if not math.isfinite(value) or value > divergence_factor * max(reference, 1e-12):
-                raise TrainingDiverged(
-                    f"training diverged at step {step}: the loss is {value:.3g} (it started at "
-                    f"{reference:.3g}). Lower learning_rate (now {learning_rate:g}), set clip_norm, "
-                    "or add warmup_steps; the last good checkpoint, if any, is unchanged."
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if clip_norm is not None:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-                if not torch.isfinite(norm):
-                    raise TrainingDiverged(
-                        f"a gradient became NaN or infinite at step {step} (loss {value:.3g}); lower "
-                        "learning_rate or use float64"
-                    )
-            optimizer.step()
+            divergence.check(step, value, learning_rate)
+            _optimizer_step(model, optimizer, loss, clip_norm, step, value)
             history.losses.append(value)
             history.learning_rates.append(rate)
             bar.update(1)

@@ -92,6 +92,32 @@ def test_divergence_is_reported_and_leaves_no_checkpoint(tmp_path):
     assert not path.exists()
 
 
+def test_a_single_loss_spike_does_not_stop_a_run():
+    """One batch with an ill-conditioned task spikes the loss; only a lasting explosion is divergence."""
+    model, tasks = small_setup()
+
+    class OneSpike:
+        """The same tasks, except that the batch of step 5 has weights and labels 100 times larger."""
+
+        def __init__(self, inner):
+            self.inner, self.calls = inner, 0
+            self.d, self.dtype, self.device = inner.d, inner.dtype, inner.device
+
+        def sample(self, size, generator):
+            batch = self.inner.sample(size, generator)
+            self.calls += 1
+            if self.calls == 6:
+                batch = type(batch)(batch.X, 100 * batch.y, batch.x_t, 100 * batch.y_t, 100 * batch.w, batch.sigma)
+            return batch
+
+    history = train(model, OneSpike(tasks), 20, batch_size=32, learning_rate=1e-3, progress=False)
+    assert history.num_steps == 20 and history.losses[5] > 1e3 * history.losses[0]
+    spiky = OneSpike(tasks)
+    with pytest.raises(TrainingDiverged, match="diverged at step 5"):
+        train(small_setup()[0], spiky, 20, batch_size=32, learning_rate=1e-3, progress=False,
+              divergence_patience=1)
+
+
 def test_learning_rate_schedules():
     assert learning_rate_factor(0, 100, "cosine", 0) == 1.0
     assert learning_rate_factor(50, 100, "cosine", 0) == pytest.approx(0.5)
@@ -104,6 +130,7 @@ def test_learning_rate_schedules():
     (dict(schedule="linear"), "unknown schedule 'linear'"),
     (dict(num_steps=-1), "num_steps must be an integer >= 0"),
     (dict(batch_size=0), "batch_size must be a positive integer"),
+    (dict(divergence_patience=0), "divergence_patience must be a positive integer"),
     (dict(learning_rate=0.0), "learning_rate must be positive"),
     (dict(sampler=RegressionTasks(5, 10, device="cpu")), "built for d=4 but the sampler draws d=5"),
     (dict(sampler=RegressionTasks(4, 10, dtype=torch.float64, device="cpu")), "same dtype= and device="),
