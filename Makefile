@@ -4,9 +4,12 @@
 # tools (nbgrader).
 PYTHON ?= python3
 VENV ?= .venv
-# The torch to install when the environment has none.  The default is the CPU build; on a
-# machine with a GPU use e.g. TORCH="torch" (or install torch yourself first).
+# The torch to install when the environment has none.  For this pin, PyPI serves Linux the CUDA
+# build (several GB) and macOS and Windows a CPU build.  For a CPU-only build on Linux, take it
+# from PyTorch's own index: make lab TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (or install torch into .venv yourself first: it is kept).
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 PORT ?= 8888
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.icl-course-installed
@@ -19,7 +22,7 @@ NO_BROWSER := $(if $(or $(DISPLAY),$(WAYLAND_DISPLAY),$(filter Darwin,$(shell un
 # containers and Colab-like machines run as root, which JupyterLab refuses unless told
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: install install-lab lab instructor-lab test course notebooks exercises benchmark clean
+.PHONY: install install-lab lab instructor-lab lint test test-fast course notebooks exercises benchmark clean
 
 install: $(STAMP)
 install-lab: $(LAB_STAMP)
@@ -28,7 +31,7 @@ install-lab: $(LAB_STAMP)
 define INSTALL_TORCH
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null && echo "torch is already installed: keeping it" \
-		|| $(BIN)/python -m pip install "$(TORCH)"
+		|| $(BIN)/python -m pip install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 endef
 
 $(LAB_STAMP): pyproject.toml
@@ -50,9 +53,18 @@ instructor-lab: $(STAMP)
 	$(BIN)/jupyter lab --port=$(PORT) $(NO_BROWSER) $(ALLOW_ROOT) --ServerApp.root_dir=. \
 		--LabApp.default_url=/lab/tree/solutions
 
-test: $(STAMP)
+# pyflakes, pycodestyle and import order (the rule set is in pyproject.toml)
+lint: $(STAMP)
+	$(BIN)/ruff check icl_course tests benchmarks chapters solutions
+
+# everything: the linter, the package's tests and every chapter and answer key under nbval
+test: lint
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg \
 		--durations=15
+
+# while working: the package's tests without the slow ones (no notebooks, no grading runs)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not slow" -q
 
 # Execute every chapter top to bottom and write HTML pages to build/.
 course: $(STAMP)

@@ -13,15 +13,33 @@ One module per concept, each importable on its own:
 * :mod:`icl_course.checks`, :mod:`icl_course.exercises`, :mod:`icl_course.grade`: exercises and their grading.
 """
 
-from .baselines import (AdaRR, BayesOptimal, ConstRR, TunedRR, conjugate_gradient, gradient_descent,
-                        least_squares, newton_inverse, noise_variance_estimate, oracle_ridge, ridge,
-                        tune_step_sizes)
+from .baselines import (
+                        AdaRR,
+                        BayesOptimal,
+                        ConstRR,
+                        TunedRR,
+                        conjugate_gradient,
+                        gradient_descent,
+                        least_squares,
+                        newton_inverse,
+                        noise_variance_estimate,
+                        oracle_ridge,
+                        ridge,
+                        tune_step_sizes,
+)
 from .checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
-from .data import (CategoricalNoise, FixedNoise, RegressionTasks, TaskBatch, UniformNoise,
-                   context_gram)
-from .evaluate import (Estimate, adjusted_loss, adjusted_losses, expected_loss, loss_difference,
-                       noise_profile, per_layer_loss,
-                       query_averaged_loss, sampled_query_loss)
+from .data import CategoricalNoise, FixedNoise, RegressionTasks, TaskBatch, UniformNoise, context_gram
+from .evaluate import (
+                        Estimate,
+                        adjusted_loss,
+                        adjusted_losses,
+                        expected_loss,
+                        loss_difference,
+                        noise_profile,
+                        per_layer_loss,
+                        query_averaged_loss,
+                        sampled_query_loss,
+)
 from .models import LinearSelfAttention, LinearTransformer, ModelOutput, gd_construction
 from .runtime import make_generator, resolve_device, resolve_dtype
 from .train import TrainingDiverged, TrainingHistory, train

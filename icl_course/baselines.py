@@ -84,7 +84,8 @@ def ridge(X: torch.Tensor, y: torch.Tensor, ridge_lambda) -> torch.Tensor:
     _check_context(X, y)
     ridge_lambda = torch.as_tensor(ridge_lambda, dtype=X.dtype, device=X.device)
     if ridge_lambda.dim() > 1 or (ridge_lambda.dim() == 1 and ridge_lambda.shape[0] != X.shape[0]):
-        raise ValueError(f"ridge_lambda must be a number or have shape ({X.shape[0]},), got {tuple(ridge_lambda.shape)}")
+        raise ValueError(f"ridge_lambda must be a number or have shape ({X.shape[0]},), "
+                         f"got {tuple(ridge_lambda.shape)}")
     if (ridge_lambda < 0).any():
         raise ValueError("ridge_lambda must be >= 0")
     if X.shape[-2] < X.shape[-1] and (ridge_lambda == 0).any():
@@ -313,7 +314,8 @@ def _step_sizes(eta, num_steps: int, like: torch.Tensor) -> torch.Tensor:
     if steps.dim() == 0:
         return steps.expand(num_steps)
     if steps.shape != (num_steps,):
-        raise ValueError(f"eta must be a number or hold one step size per step ({num_steps}), got shape {tuple(steps.shape)}")
+        raise ValueError(f"eta must be a number or hold one step size per step ({num_steps}), "
+                         f"got shape {tuple(steps.shape)}")
     return steps
 
 

@@ -1,7 +1,8 @@
 """Losses and their Monte-Carlo estimates.
 
 The loss is half the mean squared error, ``1/2 E[(y_hat - y_t)^2]`` (the course fixes this
-scale once, in chapter 0: it is the scale of Table 1 of Vladymyrov et al. 2024).  Every predictor here is linear in the query,
+scale once, in chapter 0: it is the scale of Table 1 of Vladymyrov et al. 2024).  Every
+predictor here is linear in the query,
 ``y_hat = <w_hat, x_t>`` with ``w_hat`` independent of ``x_t``, so the expectation over
 the query is exact: ``1/2 (w_hat - w)^T S (w_hat - w)``, with ``S`` the query's covariance
 (the identity by default).  Using it removes the query's noise from every estimate.

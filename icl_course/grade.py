@@ -534,7 +534,8 @@ def _print_summary(found: list[Submission]) -> None:
     for submission in found:
         total = sum(submission.scores.values())
         maximum = f"{submission.max_total:g}" if submission.max_total is not None else "-"
-        print(f"  {submission.student:16s} {submission.assignment or '-':45s} {total:5g} / {maximum:<4s} {submission.status}"
+        print(f"  {submission.student:16s} {submission.assignment or '-':45s} {total:5g} / {maximum:<4s} "
+              f"{submission.status}"
               + (f"  [review: {'; '.join(submission.review)}]" if submission.review else ""))
         for number, comment in submission.comments.items():
             if submission.scores.get(number, 0.0) == 0.0:

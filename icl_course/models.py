@@ -98,7 +98,8 @@ class LinearSelfAttention(nn.Module):
         if P.dim() == 2:
             P, Q = P.unsqueeze(0), Q.unsqueeze(0) if Q.dim() == 2 else Q
         if P.dim() != 3 or P.shape != Q.shape or P.shape[1] != P.shape[2]:
-            raise ValueError(f"P and Q must both have shape (D, D) or (H, D, D); got {tuple(P.shape)} and {tuple(Q.shape)}")
+            raise ValueError(f"P and Q must both have shape (D, D) or (H, D, D); "
+                             f"got {tuple(P.shape)} and {tuple(Q.shape)}")
         layer = cls(P.shape[1] - 1, P.shape[0], "full", init_scale=0.0, dtype=P.dtype, device=P.device)
         with torch.no_grad():
             layer.P.copy_(P)
@@ -397,5 +398,6 @@ def diagonal_construction(d: int, layers: list, dtype: str | torch.dtype = torch
         for layer, weights in zip(model.layers, layers):
             value = {name: float(weights.get(name, 0.0)) for name in names}
             layer.p.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64))
-            layer.q.copy_(torch.tensor([[value["w_xx"], value["w_xy"]], [value["w_yx"], value["w_yy"]]], dtype=torch.float64))
+            q_rows = [[value["w_xx"], value["w_xy"]], [value["w_yx"], value["w_yy"]]]
+            layer.q.copy_(torch.tensor(q_rows, dtype=torch.float64))
     return model

@@ -17,3 +17,12 @@ def float64_tasks():
     def make(d=4, n=9, noise=0.5, **kwargs):
         return RegressionTasks(d, n, noise, dtype=torch.float64, device="cpu", **kwargs)
     return make
+
+
+SLOW_FIXTURES = {"graded_class"}   # grades a whole class with nbgrader: minutes
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

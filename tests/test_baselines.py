@@ -1,9 +1,24 @@
 import pytest
 import torch
 
-from icl_course import (AdaRR, CategoricalNoise, ConstRR, RegressionTasks, TunedRR, UniformNoise,
-                        adjusted_loss, adjusted_losses, expected_loss, gradient_descent, least_squares,
-                        noise_variance_estimate, oracle_ridge, ridge, theory, tune_step_sizes)
+from icl_course import (
+    AdaRR,
+    CategoricalNoise,
+    ConstRR,
+    RegressionTasks,
+    TunedRR,
+    UniformNoise,
+    adjusted_loss,
+    adjusted_losses,
+    expected_loss,
+    gradient_descent,
+    least_squares,
+    noise_variance_estimate,
+    oracle_ridge,
+    ridge,
+    theory,
+    tune_step_sizes,
+)
 from icl_course.baselines import BayesOptimal
 from icl_course.evaluate import query_averaged_loss
 
@@ -87,6 +102,7 @@ def _within(value, target, stderr):
     return abs(value - target) <= 4 * 2**0.5 * stderr + 5e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("column", range(len(NOISES)), ids=[noise.label for noise in NOISES])
 def test_baselines_and_the_one_layer_optimum_reproduce_table_1(column):
     """Tune on one sample, score on a fresh one, paired with the oracle on the same tasks."""
@@ -197,7 +213,8 @@ def test_bayes_optimal_matches_the_posterior_computed_the_long_way(float64_tasks
         log_evidence, solutions = [], []
         for sigma in (1.0, 3.0):
             covariance = X @ X.T + sigma**2 * torch.eye(7, dtype=torch.float64)
-            log_evidence.append(torch.distributions.MultivariateNormal(torch.zeros(7, dtype=torch.float64), covariance).log_prob(y))
+            prior = torch.distributions.MultivariateNormal(torch.zeros(7, dtype=torch.float64), covariance)
+            log_evidence.append(prior.log_prob(y))
             solutions.append(ridge(X.unsqueeze(0), y.unsqueeze(0), sigma**2)[0])
         posterior = torch.softmax(torch.stack(log_evidence), 0)
         torch.testing.assert_close(bayes.posterior(batch)[task], posterior, rtol=1e-10, atol=1e-12)

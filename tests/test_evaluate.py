@@ -1,9 +1,22 @@
 import pytest
 import torch
 
-from icl_course import (Estimate, RegressionTasks, UniformNoise, adjusted_loss, expected_loss,
-                        gd_construction, gradient_descent, least_squares, noise_profile, oracle_ridge,
-                        per_layer_loss, query_averaged_loss, sampled_query_loss, theory)
+from icl_course import (
+    Estimate,
+    RegressionTasks,
+    UniformNoise,
+    adjusted_loss,
+    expected_loss,
+    gd_construction,
+    gradient_descent,
+    least_squares,
+    noise_profile,
+    oracle_ridge,
+    per_layer_loss,
+    query_averaged_loss,
+    sampled_query_loss,
+    theory,
+)
 
 
 def zero_predictor(batch):

@@ -4,15 +4,16 @@ import re
 
 import nbformat
 import pytest
+from conftest import ROOT
 from nbclient import NotebookClient
 
-from conftest import ROOT
 from icl_course.checks import CHECKS, recorded_names
 from icl_course.exercises import UNFINISHED, GenerationError, generate, mark_cells, task_points
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
 
+@pytest.mark.slow
 def test_committed_exercises_are_generated_from_the_solutions():
     out_of_date = generate(ROOT / "solutions", ROOT / "exercises", check=True)
     assert not out_of_date, f"run `make exercises`: {[path.name for path in out_of_date]} differ from their solutions"
@@ -28,6 +29,7 @@ def tiny_solution():
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
 
 
+@pytest.mark.slow
 def test_generation_stubs_answers_drops_hidden_tests_and_locks_checks(tmp_path):
     (tmp_path / "solutions").mkdir()
     nbformat.write(mark_cells(tiny_solution()), tmp_path / "solutions" / "tiny.ipynb")
@@ -87,6 +89,7 @@ def test_every_task_is_graded_by_its_trusted_checks(solution):
         expected = sorted(name for name, check in CHECKS.items() if (check.chapter, check.task) == (chapter, task))
         hidden = cell.source.split("### BEGIN HIDDEN TESTS")[1].split("### END HIDDEN TESTS")[0]
         assert expected and sorted(recorded_names(hidden)) == expected, f"task {task} of {solution.name}"
-        learner = next(c for c in exercise.cells if c.metadata.get("nbgrader", {}).get("grade_id") == cell.metadata["nbgrader"]["grade_id"])
+        grade_id = cell.metadata["nbgrader"]["grade_id"]
+        learner = next(c for c in exercise.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
         assert sorted(re.findall(r'checks\.self_check\("(\w+)"', learner.source)) == expected
         assert not recorded_names(learner.source)

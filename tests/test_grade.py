@@ -11,8 +11,8 @@ import shutil
 
 import nbformat
 import pytest
-
 from conftest import ROOT
+
 from icl_course.__main__ import main as command
 from icl_course.grade import find_submissions, grade
 
@@ -145,7 +145,8 @@ def graded_class(tmp_path_factory):
         [cell.metadata.get("nbgrader", {}).get("grade_id") for cell in full.cells].index("task1_answer")].source
         + "\n" + FLOOD))
     # more memory than the limit: MemoryError in that cell, not a machine out of memory
-    hand_in(f"submitted/zoe/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 5, "blob = bytearray(6 * 2**30)\n" + WRONG_STEP))
+    hand_in(f"submitted/zoe/{CHAPTER}/{CHAPTER}.ipynb",
+            with_answer(full, 5, "blob = bytearray(6 * 2**30)\n" + WRONG_STEP))
     marker = root / "payload-ran"
     hand_in(f"submitted/yvonne/{CHAPTER}/{CHAPTER}.ipynb",
             with_answer(full, 3, FORGE_RECORDS.replace("{marker}", str(marker))))
@@ -182,7 +183,8 @@ class Class:
 
     def autograded(self, student):
         """The notebook as nbgrader executed it in the student's kernel."""
-        return self.out / "nbgrader" / "students" / student / CHAPTER / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
+        course = self.out / "nbgrader" / "students" / student / CHAPTER
+        return course / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
 
     def kernel_score(self, student):
         """What nbgrader itself decided inside the student's kernel (not used for points)."""
@@ -272,6 +274,7 @@ def test_the_memory_limit_stops_only_the_cell_that_exceeds_it(graded_class):
     assert [output.get("ename") for output in answer.outputs] == ["MemoryError"]
 
 
+@pytest.mark.slow
 def test_the_notebook_time_limit_stops_a_slow_submission(tmp_path):
     solutions = tmp_path / "solutions"
     solutions.mkdir()
@@ -323,7 +326,8 @@ def test_a_rerun_gives_the_same_grades(graded_class, tmp_path):
     """Same --out, same secret, same inputs: a second run rewrites identical grades (two students, to stay quick)."""
     submitted, solutions = tmp_path / "again", tmp_path / "solutions"
     for student in ("alice", "carol"):
-        shutil.copytree(graded_class.root / "submissions" / "submitted" / student / CHAPTER, submitted / student / CHAPTER)
+        shutil.copytree(graded_class.root / "submissions" / "submitted" / student / CHAPTER,
+                        submitted / student / CHAPTER)
     solutions.mkdir()
     shutil.copy(graded_class.root / "solutions" / f"{CHAPTER}.ipynb", solutions)
     out = tmp_path / "out"
@@ -367,6 +371,7 @@ def test_command_line_help(capsys):
     assert command(["regrade"]) == 2
 
 
+@pytest.mark.slow
 def test_a_broken_answer_key_is_named_not_a_traceback(tmp_path, capsys):
     (tmp_path / "class").mkdir()
     (tmp_path / "keys").mkdir()
@@ -374,7 +379,8 @@ def test_a_broken_answer_key_is_named_not_a_traceback(tmp_path, capsys):
     with pytest.raises(ValueError, match="answer key .*broken.ipynb cannot be used"):
         grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", progress=False)
     with pytest.raises(SystemExit):
-        command(["grade", str(tmp_path / "class"), "--out", str(tmp_path / "out2"), "--solutions", str(tmp_path / "keys")])
+        command(["grade", str(tmp_path / "class"), "--out", str(tmp_path / "out2"),
+                 "--solutions", str(tmp_path / "keys")])
     assert "broken.ipynb cannot be used" in capsys.readouterr().err
 
 
@@ -389,6 +395,7 @@ def tiny_key(hidden):
     ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}))
 
 
+@pytest.mark.slow
 def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp_path, capsys, monkeypatch):
     (tmp_path / "keys").mkdir()
     nbformat.write(tiny_key("assert double(3) == 6"), tmp_path / "keys" / "tiny.ipynb")
@@ -399,7 +406,8 @@ def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp
     for student, body in (("ann", "return 2 * x"), ("ben", "return x")):
         notebook = with_answer(handout, 1, f"def double(x):\n    {body}\n")
         (tmp_path / "class" / f"{student}_tiny.ipynb").write_text(json.dumps(notebook))
-    (tmp_path / "class" / "cy_tiny.ipynb").write_text(json.dumps(with_answer(handout, 1, "def double(x):\n    return x + x\n")))
+    answered = with_answer(handout, 1, "def double(x):\n    return x + x\n")
+    (tmp_path / "class" / "cy_tiny.ipynb").write_text(json.dumps(answered))
     import icl_course.grade as grading
     write_feedback = grading._write_feedback
 
@@ -415,6 +423,7 @@ def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp
     assert next(s for s in found if s.student == "cy").status == "could not be graded (RuntimeError: disk full)"
 
 
+@pytest.mark.slow
 def test_a_key_that_records_an_unknown_check_is_refused(tmp_path):
     (tmp_path / "keys").mkdir()
     nbformat.write(tiny_key('checks.record("tripled", double)'), tmp_path / "keys" / "tiny.ipynb")

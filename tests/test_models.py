@@ -1,12 +1,11 @@
-import itertools
 import random
 
 import pytest
 import torch
+from reference import attention_layer_by_the_formula
 
 from icl_course import LinearTransformer, RegressionTasks, gd_construction, gradient_descent
 from icl_course.models import PARAMETERIZATIONS, LinearSelfAttention
-from reference import attention_layer_by_the_formula
 
 
 def random_model(parameterization, d=3, num_layers=2, num_heads=3, seed=0):
@@ -111,7 +110,8 @@ def test_initialisation_is_seeded():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda m, b: LinearTransformer(3, parameterization="softmax"), "unknown parameterization 'softmax'; choose one of full, diag, gdpp, gd"),
+    (lambda m, b: LinearTransformer(3, parameterization="softmax"),
+     "unknown parameterization 'softmax'; choose one of full, diag, gdpp, gd"),
     (lambda m, b: LinearTransformer(3, num_layers=0), "num_layers must be a positive integer"),
     (lambda m, b: m(b.X[:, :, :2], b.y), "built for d=3"),
     (lambda m, b: m(b.X, b.y[:, :2]), r"expected X of shape \(B, n, d\)"),

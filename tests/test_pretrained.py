@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from icl_course import CheckpointError, LinearTransformer, expected_loss
+from icl_course import CheckpointError, expected_loss
 from icl_course.models import LinearSelfAttention
 from icl_course.pretrained import RECIPES, checkpoint_path, load_pretrained, main, make_tasks, recipe, train_pretrained
 

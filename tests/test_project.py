@@ -3,14 +3,18 @@ stored executed and clean, CI running the README's command."""
 
 import inspect
 import re
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:   # Python 3.10
+    import tomli as tomllib
 
 import nbformat
 import pytest
 import yaml
+from conftest import ROOT
 
 import icl_course
-from conftest import ROOT
 
 CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name
 
@@ -51,7 +55,8 @@ def public_callables():
                 yield f"{module_name}.{name}", obj
                 if inspect.isclass(obj):
                     for attribute, member in vars(obj).items():
-                        if not attribute.startswith("_") and (inspect.isfunction(member) or isinstance(member, property)):
+                        public = not attribute.startswith("_")
+                        if public and (inspect.isfunction(member) or isinstance(member, property)):
                             # an override may inherit the documentation of the method it overrides
                             documented = [vars(base)[attribute] for base in obj.__mro__ if attribute in vars(base)]
                             yield f"{module_name}.{name}.{attribute}", documented
@@ -61,7 +66,8 @@ def docstring(obj):
     return inspect.getdoc(obj.fget if isinstance(obj, property) else obj)
 
 
-@pytest.mark.parametrize("name, obj", list(public_callables()), ids=lambda value: value if isinstance(value, str) else "")
+@pytest.mark.parametrize("name, obj", list(public_callables()),
+                         ids=lambda value: value if isinstance(value, str) else "")
 def test_every_public_function_has_a_docstring(name, obj):
     candidates = obj if isinstance(obj, list) else [obj]
     assert any((docstring(item) or "").strip() for item in candidates), f"{name} needs a docstring"
@@ -138,3 +144,11 @@ def test_every_chapter_links_the_notation_card():
         notebook = nbformat.read(path, as_version=4)
         introduction = "".join(cell.source for cell in notebook.cells[:3] if cell.cell_type == "markdown")
         assert "../NOTATION.md" in introduction, f"{path.name}: link the notation card near the top"
+
+
+def test_the_version_is_written_in_one_place():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "icl_course.__version__"}
+    assert not re.search(r"^version:", (ROOT / "CITATION.cff").read_text(), re.MULTILINE)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", icl_course.__version__)

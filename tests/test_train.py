@@ -1,10 +1,16 @@
-import os
 
 import pytest
 import torch
 
-from icl_course import (CheckpointError, LinearTransformer, RegressionTasks, TrainingDiverged,
-                        load_checkpoint, theory, train)
+from icl_course import (
+    CheckpointError,
+    LinearTransformer,
+    RegressionTasks,
+    TrainingDiverged,
+    load_checkpoint,
+    theory,
+    train,
+)
 from icl_course.evaluate import expected_loss
 from icl_course.train import learning_rate_factor
 

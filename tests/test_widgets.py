@@ -5,8 +5,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from icl_course.widgets import (gd_explorer, gdpp_explorer, show_gd_and_transformer, show_gdpp_spectrum,  # noqa: E402
-                                show_one_step_loss, show_task_fits, step_size_explorer, task_explorer)
+from icl_course.widgets import (  # noqa: E402
+    gd_explorer,
+    gdpp_explorer,
+    show_gd_and_transformer,
+    show_gdpp_spectrum,
+    show_one_step_loss,
+    show_task_fits,
+    step_size_explorer,
+    task_explorer,
+)
 
 
 @pytest.mark.parametrize("show, arguments", [
