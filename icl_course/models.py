@@ -42,6 +42,7 @@ __all__ = [
     "LinearSelfAttention",
     "LinearTransformer",
     "ModelOutput",
+    "next_gram",
     "gd_construction",
     "diagonal_construction",
     "build_model",
@@ -208,6 +209,17 @@ class ModelOutput:
         return self.layer_predictions[:, -1]
 
 
+def next_gram(gram: torch.Tensor, mixing: torch.Tensor) -> torch.Tensor:
+    """The context's Gram matrix after a layer: ``G <- (I + T) G (I + T)^T``.
+
+    Every token moves by the same matrix ``I + T`` with ``T = sum_k P_k G Q_k`` (the layer's
+    ``mixing``), so the Gram matrix of the moved context tokens is this product: the forward
+    pass never needs the tokens themselves.  Shapes: (B, D, D), (B, D, D) -> (B, D, D).
+    """
+    moved = gram + mixing @ gram
+    return moved + moved @ mixing.transpose(-1, -2)
+
+
 class LinearTransformer(nn.Module):
     """A stack of ``num_layers`` linear self-attention layers (no MLP, no LayerNorm).
 
@@ -292,8 +304,7 @@ class LinearTransformer(nn.Module):
         for layer in self.layers:
             mixing = layer.mixing(gram)
             query_map = query_map + mixing @ query_map
-            moved = gram + mixing @ gram
-            gram = moved + moved @ mixing.transpose(-1, -2)
+            gram = next_gram(gram, mixing)
             layer_weights.append(-query_map[:, d, :])
         weights = torch.stack(layer_weights, dim=1)
         predictions = None if x_t is None else (weights @ x_t.unsqueeze(-1)).squeeze(-1)
@@ -318,8 +329,7 @@ class LinearTransformer(nn.Module):
         for index, layer in enumerate(self.layers):
             mixings.append(layer.mixing(gram))
             if index + 1 < len(self.layers):
-                moved = gram + mixings[-1] @ gram
-                gram = moved + moved @ mixings[-1].transpose(-1, -2)
+                gram = next_gram(gram, mixings[-1])
         row = mixings[-1][:, self.d]  # e_D^T (I + A_L) - e_D^T, kept without the identity
         row = row + torch.nn.functional.one_hot(torch.tensor(self.d), self.d + 1).to(row)
         for mixing in reversed(mixings[:-1]):

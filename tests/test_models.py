@@ -127,3 +127,16 @@ def test_bad_inputs_raise_clear_errors(call, message, float64_tasks):
     batch = float64_tasks(d=3, n=5).sample(2, seed=0)
     with pytest.raises(ValueError, match=message):
         call(model, batch)
+
+
+def test_next_gram_is_the_gram_matrix_of_the_moved_tokens(float64_tasks):
+    from icl_course.models import next_gram
+    batch = float64_tasks(d=4, n=9).sample(6, seed=3)
+    model = LinearTransformer(4, num_layers=2, num_heads=2, parameterization="full", init_scale=0.3, seed=2,
+                              dtype=torch.float64, device="cpu")
+    tokens = model.transform_tokens(batch.tokens)
+    gram = batch.gram
+    for layer, after in zip(model.layers, tokens[1:]):
+        gram = next_gram(gram, layer.mixing(gram))
+        context = after[:, :-1]
+        torch.testing.assert_close(gram, context.transpose(1, 2) @ context, rtol=1e-12, atol=1e-12)
