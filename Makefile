@@ -22,7 +22,7 @@ NO_BROWSER := $(if $(or $(DISPLAY),$(WAYLAND_DISPLAY),$(filter Darwin,$(shell un
 # containers and Colab-like machines run as root, which JupyterLab refuses unless told
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: install install-lab lab instructor-lab lint test test-fast course notebooks exercises benchmark clean
+.PHONY: install install-lab lab instructor-lab lint test test-fast test-lower-bounds course notebooks exercises benchmark clean
 
 install: $(STAMP)
 install-lab: $(LAB_STAMP)
@@ -61,6 +61,19 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg \
 		--durations=15
+
+# The lowest versions of numpy, matplotlib, ipywidgets and tqdm that pyproject.toml promises, in an
+# environment of their own: the package's tests and every chapter (grading needs nbgrader: not here).
+LOWER := .venv-lower-bounds
+test-lower-bounds:
+	@test -x $(LOWER)/bin/python || $(PYTHON) -m venv $(LOWER)
+	$(LOWER)/bin/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
+	$(LOWER)/bin/python -m pip install -q $$($(PYTHON) tests/lower_bounds.py) "pytest>=7.4" "pyyaml>=6.0" \
+		"nbformat>=5.9" "nbval>=0.11" "ipykernel>=6.20" "tomli>=2.0; python_version < '3.11'"
+	$(LOWER)/bin/python -m pip install -q --no-deps -e .
+	$(LOWER)/bin/python -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with tests/sanitize.cfg -m "not slow" \
+		--ignore=tests/test_grade.py --ignore=tests/test_exercises.py tests chapters
 
 # while working: the package's tests without the slow ones (no notebooks, no grading runs)
 test-fast: $(STAMP)

@@ -119,6 +119,8 @@ def test_ci_runs_the_readme_test_command():
 
 def test_the_learners_lab_has_no_grading_panels():
     """`make lab` runs JupyterLab with config/jupyter-learner: nbgrader's extensions are off there."""
+    pytest.importorskip("jupyterlab")
+    pytest.importorskip("nbgrader")
     import os
     import subprocess
     import sys
@@ -152,3 +154,10 @@ def test_the_version_is_written_in_one_place():
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "icl_course.__version__"}
     assert not re.search(r"^version:", (ROOT / "CITATION.cff").read_text(), re.MULTILINE)
     assert re.fullmatch(r"\d+\.\d+\.\d+", icl_course.__version__)
+
+
+def test_the_lower_bounds_are_read_from_pyproject():
+    from lower_bounds import lower_bounds
+    pins = lower_bounds((ROOT / "pyproject.toml").read_text())
+    assert "numpy==1.23.*" in pins and not any(pin.startswith("torch") for pin in pins)
+    assert len(pins) == len(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]) - 1
