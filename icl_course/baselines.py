@@ -12,19 +12,20 @@ The three noise-adaptive baselines of Vladymyrov et al. (2024), section 6:
   ``sum_j (y_j - <w_ols, x_j>)^2 / (n - d)`` (needs ``n > d``);
 * :class:`TunedRR`: ``ridge_lambda = min(factor * sigma_est^2, cap)`` with both tuned.
 
+The iterative optimisers (gradient descent, conjugate gradient, Newton's iteration) live in
+:mod:`icl_course.optimizers`; they are importable from here too.
+
 Tuning uses one eigendecomposition of ``Sigma`` per task, after which the ridge solution
 for any ``ridge_lambda`` costs O(d) per task: a whole grid of values is cheap.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .data import CategoricalNoise, FixedNoise, NoiseLike, TaskBatch, UniformNoise, as_noise
-from .linalg import singular_mask, solve_positive_definite
-from .runtime import check_count
+from .data import CategoricalNoise, FixedNoise, NoiseLike, TaskBatch, UniformNoise, as_noise, check_context
+from .linalg import solve_positive_definite
+from .optimizers import conjugate_gradient, gradient_descent, newton_inverse, tune_step_sizes  # noqa: F401
 
 __all__ = [
     "least_squares",
@@ -34,10 +35,6 @@ __all__ = [
     "ConstRR",
     "AdaRR",
     "TunedRR",
-    "gradient_descent",
-    "tune_step_sizes",
-    "conjugate_gradient",
-    "newton_inverse",
     "BayesOptimal",
 ]
 
@@ -56,19 +53,12 @@ def _check_overdetermined(X: torch.Tensor, method: str, strict: bool) -> None:
         )
 
 
-def _check_context(X: torch.Tensor, y: torch.Tensor) -> None:
-    if X.dim() != 3 or y.dim() != 2 or X.shape[:2] != y.shape:
-        raise ValueError(
-            f"expected X of shape (B, n, d) and y of shape (B, n); got {tuple(X.shape)} and {tuple(y.shape)}"
-        )
-
-
 def least_squares(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Ordinary least squares per task, ``w* = Sigma^-1 alpha`` (Vladymyrov et al. 2024, eq. 4).
 
     Shapes: ``X`` (B, n, d), ``y`` (B, n) -> (B, d).  Needs ``n >= d``.
     """
-    _check_context(X, y)
+    check_context(X, y)
     _check_overdetermined(X, "least squares", strict=False)
     # The normal equations: at these sizes one batched Cholesky solve is several times faster
     # than a QR-based lstsq, and Sigma is well conditioned unless n is close to d.
@@ -81,7 +71,7 @@ def ridge(X: torch.Tensor, y: torch.Tensor, ridge_lambda) -> torch.Tensor:
 
     Shapes: ``X`` (B, n, d), ``y`` (B, n), ``ridge_lambda`` a number or (B,) -> (B, d).
     """
-    _check_context(X, y)
+    check_context(X, y)
     ridge_lambda = torch.as_tensor(ridge_lambda, dtype=X.dtype, device=X.device)
     if ridge_lambda.dim() > 1 or (ridge_lambda.dim() == 1 and ridge_lambda.shape[0] != X.shape[0]):
         raise ValueError(f"ridge_lambda must be a number or have shape ({X.shape[0]},), "
@@ -114,7 +104,7 @@ def noise_variance_estimate(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
     Shapes: ``X`` (B, n, d), ``y`` (B, n).  Needs ``n > d``.
     """
-    _check_context(X, y)
+    check_context(X, y)
     _check_overdetermined(X, "the noise-variance estimate", strict=True)
     n, d = X.shape[-2], X.shape[-1]
     residuals = y - (X @ least_squares(X, y).unsqueeze(-1)).squeeze(-1)
@@ -277,7 +267,7 @@ class BayesOptimal:
 
     def _chunked(self, batch: TaskBatch):
         X, y = batch.X.double(), batch.y.double()
-        _check_context(X, y)
+        check_context(X, y)
         # (chunk, K, d) intermediates: keep them to a few hundred MB whatever the batch size
         size = max(1, 2**24 // (len(self.levels) * X.shape[-1]))
         parts = [self._solve(X_part, y_part) for X_part, y_part in zip(X.split(size), y.split(size))]
@@ -306,137 +296,3 @@ class BayesOptimal:
 
     def __repr__(self) -> str:
         return f"BayesOptimal({self.noise.label})"
-
-
-def _step_sizes(eta, num_steps: int, like: torch.Tensor) -> torch.Tensor:
-    """``eta`` as a (num_steps,) tensor: a number is used at every step."""
-    steps = torch.as_tensor(eta, dtype=like.dtype, device=like.device)
-    if steps.dim() == 0:
-        return steps.expand(num_steps)
-    if steps.shape != (num_steps,):
-        raise ValueError(f"eta must be a number or hold one step size per step ({num_steps}), "
-                         f"got shape {tuple(steps.shape)}")
-    return steps
-
-
-def gradient_descent(X: torch.Tensor, y: torch.Tensor, eta, num_steps: int,
-                     preconditioner: torch.Tensor | None = None) -> torch.Tensor:
-    """Iterates of (preconditioned) GD on ``L(w) = 1/(2n) sum_i (<w, x_i> - y_i)^2`` from 0.
-
-    ``w_{k+1} = w_k - eta_k * A grad L(w_k)`` with ``A = preconditioner`` (identity if None);
-    ``eta`` is one number or a sequence of ``num_steps`` step sizes (differentiable, so step
-    sizes can be tuned by gradient).  Shapes: ``X`` (B, n, d), ``y`` (B, n), ``preconditioner``
-    (d, d) -> (B, num_steps + 1, d), the starting point ``w_0 = 0`` first.  The loop runs over
-    steps, never over tasks.
-    """
-    _check_context(X, y)
-    check_count(num_steps, "num_steps", minimum=0)
-    n, d = X.shape[-2], X.shape[-1]
-    steps = _step_sizes(eta, num_steps, X)
-    direction = (torch.eye(d, dtype=X.dtype, device=X.device) if preconditioner is None
-                 else torch.as_tensor(preconditioner, dtype=X.dtype, device=X.device))
-    if direction.shape != (d, d):
-        raise ValueError(f"preconditioner must have shape ({d}, {d}), got {tuple(direction.shape)}")
-    Sigma = X.transpose(-1, -2) @ X / n
-    alpha = (X.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1) / n
-    iterates = [torch.zeros_like(alpha)]
-    for step in range(num_steps):
-        w = iterates[-1]
-        gradient = (Sigma @ w.unsqueeze(-1)).squeeze(-1) - alpha
-        iterates.append(w - steps[step] * gradient @ direction.T)
-    return torch.stack(iterates, dim=1)
-
-
-def tune_step_sizes(batch: TaskBatch, num_steps: int, per_step: bool = True) -> torch.Tensor:
-    """Step sizes of GD that minimise the mean loss of its last iterate on ``batch``.
-
-    ``per_step=True`` tunes one ``eta_k`` per step, otherwise one shared ``eta``.  L-BFGS on
-    the exact query-averaged loss (float64), started around the one-step optimum
-    ``eta = n / (n + d + 1)``.  The order of the steps does not change the last iterate, so
-    the (num_steps,) result is sorted ascending.  Tune on one sample, score on another.
-    """
-    batch = batch.to(dtype=torch.float64)
-    n, d = batch.n, batch.d
-    base = math.log(n / (n + d + 1))
-    # GD's iterate is a polynomial in Sigma whose factors commute, so equal step sizes are a
-    # symmetric stationary point: start from distinct ones, and sort the answer.
-    spread = torch.linspace(-0.7, 0.7, num_steps, dtype=torch.float64) if per_step and num_steps > 1 \
-        else torch.zeros(1, dtype=torch.float64)
-    log_steps = (base + spread).requires_grad_(True)  # optimised in log space: step sizes stay positive
-    optimizer = torch.optim.LBFGS([log_steps], max_iter=200, line_search_fn="strong_wolfe",
-                                  tolerance_grad=1e-12, tolerance_change=1e-14)
-
-    def mean_loss():
-        optimizer.zero_grad()
-        eta = torch.exp(log_steps).expand(num_steps)
-        error = gradient_descent(batch.X, batch.y, eta, num_steps)[:, -1] - batch.w
-        if batch.covariance is None:
-            loss = 0.5 * (error**2).sum(-1).mean()
-        else:
-            loss = 0.5 * ((error @ batch.covariance.to(error)) * error).sum(-1).mean()
-        loss.backward()
-        return loss
-
-    optimizer.step(mean_loss)
-    return torch.exp(log_steps.detach()).expand(num_steps).sort().values
-
-
-def conjugate_gradient(X: torch.Tensor, y: torch.Tensor, num_steps: int) -> torch.Tensor:
-    """Iterates of conjugate gradient on the same loss as :func:`gradient_descent`, from 0.
-
-    CG solves the normal equations ``Sigma w = alpha`` (``Sigma = X^T X / n``, ``alpha = X^T y / n``);
-    its ``k``-th iterate minimises the loss over the Krylov space spanned by
-    ``alpha, Sigma alpha, ..., Sigma^(k-1) alpha``, which holds every ``k``-step GD iterate, and after
-    ``d`` steps it is the least-squares solution (chapter 3; chapter 5 builds it from a Memformer).
-    Shapes: ``X`` (B, n, d), ``y`` (B, n) -> (B, num_steps + 1, d), ``w_0 = 0`` first.  A task whose
-    residual is exactly zero stays where it is.
-    """
-    _check_context(X, y)
-    check_count(num_steps, "num_steps", minimum=0)
-    n = X.shape[-2]
-    Sigma = X.transpose(-1, -2) @ X / n
-    alpha = (X.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1) / n
-    w = torch.zeros_like(alpha)
-    residual = alpha.clone()
-    direction = residual.clone()
-    squared = (residual * residual).sum(-1)
-    iterates = [w]
-    for _ in range(num_steps):
-        curved = (Sigma @ direction.unsqueeze(-1)).squeeze(-1)
-        denominator = (direction * curved).sum(-1)
-        step = torch.where(denominator > 0, squared / denominator.clamp_min(torch.finfo(X.dtype).tiny),
-                           torch.zeros_like(squared))
-        w = w + step.unsqueeze(-1) * direction
-        residual = residual - step.unsqueeze(-1) * curved
-        new_squared = (residual * residual).sum(-1)
-        ratio = torch.where(squared > 0, new_squared / squared.clamp_min(torch.finfo(X.dtype).tiny),
-                            torch.zeros_like(squared))
-        direction = residual + ratio.unsqueeze(-1) * direction
-        squared = new_squared
-        iterates.append(w)
-    return torch.stack(iterates, dim=1)
-
-
-def newton_inverse(S: torch.Tensor, num_steps: int) -> torch.Tensor:
-    """Newton's iteration for the inverse of a symmetric positive-definite ``S``: ``M <- M (2I - S M)``.
-
-    Started from ``M_0 = I / lambda_max(S)``, the error ``E_k = I - S M_k`` squares at every step,
-    ``E_{k+1} = E_k^2``: accuracy ``eps`` takes ``log2(kappa) + log2 log(1/eps)`` steps, the
-    doubly logarithmic rate that GD++ shares (Fu et al. 2023; chapter 3).
-    Shapes: ``S`` (..., d, d) -> (..., num_steps + 1, d, d), ``M_0`` first.
-    """
-    S = torch.as_tensor(S)
-    if S.dim() < 2 or S.shape[-1] != S.shape[-2]:
-        raise ValueError(f"S must be a square matrix or a batch of them, got shape {tuple(S.shape)}")
-    check_count(num_steps, "num_steps", minimum=0)
-    if not torch.allclose(S, S.transpose(-1, -2)) or bool(singular_mask(S).any()):
-        raise ValueError("S must be symmetric positive definite, and not singular in its dtype "
-                         "(Newton's iteration for S^-1 needs it)")
-    eigenvalues = torch.linalg.eigvalsh(S)
-    identity = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
-    M = identity / eigenvalues[..., -1, None, None]
-    iterates = [M]
-    for _ in range(num_steps):
-        M = M @ (2 * identity - S @ M)
-        iterates.append(M)
-    return torch.stack(iterates, dim=-3)

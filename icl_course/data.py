@@ -32,6 +32,7 @@ __all__ = [
     "as_noise",
     "RegressionTasks",
     "context_gram",
+    "check_context",
 ]
 
 
@@ -159,6 +160,16 @@ def as_noise(noise: NoiseLike) -> NoiseDistribution:
 
 
 # ----------------------------------------------------------------------------- batches
+
+
+def check_context(X: torch.Tensor, y: torch.Tensor) -> None:
+    """A clear ``ValueError`` unless ``X`` is (B, n, d) and ``y`` is (B, n)."""
+    if not isinstance(X, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise TypeError(f"X and y must be tensors, got {type(X).__name__} and {type(y).__name__}")
+    if X.dim() != 3 or y.dim() != 2 or X.shape[:2] != y.shape:
+        raise ValueError(
+            f"expected X of shape (B, n, d) and y of shape (B, n); got {tuple(X.shape)} and {tuple(y.shape)}"
+        )
 
 
 def context_gram(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
