@@ -97,4 +97,4 @@ clean:
 
 # Regenerate the learners' notebooks in exercises/ from the answer keys in solutions/.
 exercises: $(STAMP)
-	$(BIN)/python -m icl_course.exercises
+	$(BIN)/python -m icl_course.grading.exercises

@@ -10,7 +10,7 @@ One module per concept, each importable on its own:
 * :mod:`icl_course.train`: training with checkpoints and resumption;
 * :mod:`icl_course.checkpoints`: saving and loading models;
 * :mod:`icl_course.plots`, :mod:`icl_course.widgets`: figures and sliders for the notebooks;
-* :mod:`icl_course.checks`, :mod:`icl_course.exercises`, :mod:`icl_course.grade`: exercises and their grading.
+* :mod:`icl_course.checks` and :mod:`icl_course.grading`: exercises and their grading.
 """
 
 from .baselines import (

@@ -1,4 +1,4 @@
-"""The ``icl-course`` command: ``icl-course grade SUBMISSIONS_DIR --out DIR`` (see :mod:`icl_course.grade`)."""
+"""The ``icl-course`` command: ``icl-course grade SUBMISSIONS_DIR --out DIR`` (see :mod:`icl_course.grading.grade`)."""
 
 import sys
 
@@ -13,7 +13,7 @@ def main(argv=None) -> int:
     if argv[0] != "grade":
         print(f"icl-course: unknown command {argv[0]!r}; the command is 'grade'", file=sys.stderr)
         return 2
-    from .grade import main as grade_main
+    from .grading.grade import main as grade_main
     return grade_main(argv[1:])
 
 

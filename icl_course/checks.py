@@ -8,7 +8,7 @@ exercise notebooks call two functions of this module:
 * ``checks.self_check("merged_form", merged_form)`` (visible): verifies the examples in the
   learner's own kernel, so that the learner sees at once what is wrong;
 * ``checks.record("merged_form", merged_form)`` (in the hidden tests).  Under grading,
-  :mod:`icl_course.grade` puts ``ICL_COURSE_ANSWERS`` (a folder) and ``ICL_COURSE_SEED`` in the
+  :mod:`icl_course.grading.grade` puts ``ICL_COURSE_ANSWERS`` (a folder) and ``ICL_COURSE_SEED`` in the
   kernel's environment, and ``record`` only calls the function on inputs drawn from that seed and
   saves the outputs there.  Elsewhere (the answer keys under nbval) it verifies them on the spot.
 

@@ -8,7 +8,7 @@ from conftest import ROOT
 from nbclient import NotebookClient
 
 from icl_course.checks import CHECKS, recorded_names
-from icl_course.exercises import UNFINISHED, GenerationError, generate, mark_cells, task_points
+from icl_course.grading.exercises import UNFINISHED, GenerationError, generate, mark_cells, task_points
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
@@ -54,7 +54,7 @@ def test_marking_refuses_a_task_without_points():
 def test_solutions_are_nbgrader_source_notebooks(solution):
     notebook = nbformat.read(solution, as_version=4)
     cells = [cell.metadata.get("nbgrader") for cell in notebook.cells]
-    assert all(cells), "every cell carries nbgrader metadata: run the notebook through icl_course.exercises.mark_cells"
+    assert all(cells), "every cell carries nbgrader metadata: run it through icl_course.grading.exercises.mark_cells"
     answers = [c for c in cells if c["solution"]]
     checks = [c for c in cells if c["grade"]]
     assert 3 <= len(answers) == len(checks) <= 6

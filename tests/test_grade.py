@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 from icl_course.__main__ import main as command
-from icl_course.grade import find_submissions, grade
+from icl_course.grading.grade import find_submissions, grade
 
 CHAPTER = "01_linear_attention_is_gradient_descent"
 CHAPTER_2 = "02_one_step_of_gd_is_optimal"
@@ -47,7 +47,7 @@ def with_answer(notebook, task, source):
 
 
 # Attacks from an answer cell, each on top of an otherwise honest notebook (see the threat model in
-# icl_course/grade.py).  The attacked tasks have wrong answers; each attack would make the checks that
+# icl_course/grading/grade.py).  The attacked tasks have wrong answers; each attack would make the checks that
 # run in the student's kernel pass or vanish, so only a verdict taken outside the kernel catches it.
 WRONG_LAYER = "def linear_attention(tokens, P, Q):\n    return tokens\n"
 WRONG_STEP = "def best_step_size(d, n, num_tasks=20_000, seed=0):\n    return 0.5\n"
@@ -386,7 +386,7 @@ def test_a_broken_answer_key_is_named_not_a_traceback(tmp_path, capsys):
 
 def tiny_key(hidden):
     """An instructor's own answer key: one task, checked by plain asserts or by a named trusted check."""
-    from icl_course.exercises import mark_cells
+    from icl_course.grading.exercises import mark_cells
     return mark_cells(nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# Tiny\n\n## Task 1: doubling (2 points)"),
         nbformat.v4.new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
@@ -399,7 +399,7 @@ def tiny_key(hidden):
 def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp_path, capsys, monkeypatch):
     (tmp_path / "keys").mkdir()
     nbformat.write(tiny_key("assert double(3) == 6"), tmp_path / "keys" / "tiny.ipynb")
-    from icl_course.exercises import generate
+    from icl_course.grading.exercises import generate
     generate(tmp_path / "keys", tmp_path / "handout")
     handout = nbformat.read(tmp_path / "handout" / "tiny.ipynb", as_version=4)
     (tmp_path / "class").mkdir()
@@ -408,7 +408,7 @@ def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp
         (tmp_path / "class" / f"{student}_tiny.ipynb").write_text(json.dumps(notebook))
     answered = with_answer(handout, 1, "def double(x):\n    return x + x\n")
     (tmp_path / "class" / "cy_tiny.ipynb").write_text(json.dumps(answered))
-    import icl_course.grade as grading
+    import icl_course.grading.grade as grading
     write_feedback = grading._write_feedback
 
     def failing_for_cy(target, *arguments):  # an unexpected failure while grading one submission
@@ -430,3 +430,19 @@ def test_a_key_that_records_an_unknown_check_is_refused(tmp_path):
     (tmp_path / "class").mkdir()
     with pytest.raises(ValueError, match="tiny.ipynb cannot be used: task 1 records \\['tripled'\\]"):
         grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", progress=False)
+
+
+def test_an_installation_without_answer_keys_asks_for_them(tmp_path, monkeypatch):
+    import icl_course.grading.grade as grading
+    monkeypatch.setattr(grading, "CHECKOUT_SOLUTIONS", tmp_path / "not-here")
+    (tmp_path / "class").mkdir()
+    with pytest.raises(ValueError, match="no answer keys beside it .* pass --solutions"):
+        grade(tmp_path / "class", tmp_path / "out")
+
+
+@pytest.mark.parametrize("module", ["icl_course.grade", "icl_course.exercises"])
+def test_the_old_module_paths_still_run(module):
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "usage:" in result.stdout

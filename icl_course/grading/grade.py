@@ -1,0 +1,583 @@
+"""Grade a class's exercise notebooks with one command, on top of nbgrader.
+
+    icl-course grade SUBMISSIONS_DIR --out DIR        (or: python -m icl_course.grading.grade ...)
+
+What it does, in order:
+
+1. **Finds the submissions.** Two layouts are accepted under ``SUBMISSIONS_DIR``:
+
+   * nbgrader's ``[submitted/]<student>/<assignment>/<notebook>.ipynb``: the student is the first
+     folder (after an optional ``submitted``);
+   * a flat folder of ``<student>_<anything>.ipynb``, as learning-management systems download them
+     (Canvas writes ``name_LATE_12345_67890_01_linear....ipynb``): the student is the part of the
+     file name before the first underscore.
+
+   ``.ipynb_checkpoints`` and other hidden folders are skipped.
+2. **Recognises the assignment from the notebook itself**, not from its name: the nbgrader
+   checksums of its locked cells are compared with those of every answer key in ``solutions/``.
+   When a student hands in two notebooks of one assignment, the newer is graded (nbgrader's
+   ``timestamp.txt`` beside it, else the file's modification time) and the other is reported.
+3. **Repairs harmless defects** on a copy: duplicate cell ids (as JupyterLab's split-cell makes),
+   another Python kernel name, stored outputs of any size (all outputs are cleared: the notebook is
+   executed again anyway).  Malformed files (not JSON, not a notebook, another course's notebook)
+   get zero points and a message saying why.
+4. **Runs the notebook under nbgrader's autograde**, each submission in a course folder of its
+   own, in its own process and kernel, with a time limit per cell and per notebook and a memory
+   limit.  Locked cells that were edited or deleted are restored from the answer key (nbgrader's
+   checksums and ``add_missing_cells``), outputs are truncated (nbgrader's ``LimitOutput``), and
+   the hidden tests run: they *record* the learner's functions' outputs on inputs drawn from a
+   seed that only this run knows (:func:`icl_course.checks.record`).
+5. **Decides the points in this process**, after the kernel has exited: the recorded outputs are
+   loaded as plain tensors and numbers and verified against the package's reference functions
+   (:func:`icl_course.checks.verify_recorded`).  Nothing the learner's code did inside its kernel
+   (patched comparisons, redefined helpers, fake "passed" lines, a swallowed exception, an exited
+   kernel) changes that verdict.  Answer cells that use the package's own reference functions are
+   listed in the ``review`` column.
+6. **Writes** ``DIR/grades.csv`` (one row per student and assignment: ``student``, ``assignment``,
+   one column per task, ``total``, ``max_total``, ``status``, ``review``, ``file``) and
+   ``DIR/feedback/<student>/<assignment>.html``: nbgrader's feedback page of the executed notebook,
+   with these points, a comment under every answer saying what failed, and the hidden tests
+   removed (``--hidden-tests-in-feedback`` keeps them).
+
+Submissions are never modified: they are read once, copied, and their hashes are checked again at
+the end.  Everything is written under ``--out``; running again with the same ``--out`` gives the
+same result (the grading seed is kept there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import nbformat
+
+from .. import checks
+from .exercises import run_nbgrader, source_copy
+
+__all__ = ["Submission", "AnswerKey", "find_submissions", "default_solutions", "grade", "main"]
+
+MARKER = ".icl-course-grading"
+# In a source checkout (the course's repository, installed with `pip install -e .`) the answer keys
+# sit beside the package.  An installed wheel ships no answer keys: then --solutions is required.
+CHECKOUT_SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
+DEFAULT_JOBS = min(4, os.cpu_count() or 1)
+
+
+@dataclass
+class Task:
+    """One graded task of an answer key: its points and the trusted checks that decide them."""
+
+    number: int
+    points: float
+    checks: list
+    giveaways: tuple
+
+
+@dataclass
+class AnswerKey:
+    """What grading needs from one solution notebook."""
+
+    assignment: str
+    checksums: dict
+    tasks: dict
+
+    @property
+    def max_total(self) -> float:
+        return sum(task.points for task in self.tasks.values())
+
+
+@dataclass
+class Submission:
+    """One notebook handed in, and what grading made of it."""
+
+    path: Path
+    student: str
+    assignment: Optional[str] = None
+    status: str = "pending"
+    scores: dict = field(default_factory=dict)      # task number -> points earned
+    comments: dict = field(default_factory=dict)    # task number -> what failed
+    review: list = field(default_factory=list)      # answer cells that use reference functions
+    max_total: Optional[float] = None
+
+
+def _student_name(text: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-.").lower()
+    return name or "unknown"
+
+
+def find_submissions(root: Path) -> list[Submission]:
+    """Every ``.ipynb`` under ``root`` with its student, by the layout rules in the module doc."""
+    root = Path(root)
+    found = []
+    for path in sorted(root.rglob("*.ipynb")):
+        parts = path.relative_to(root).parts
+        if any(part.startswith(".") for part in parts):
+            continue  # .ipynb_checkpoints and other hidden folders
+        folders = list(parts[:-1])
+        if folders and folders[0] == "submitted":
+            folders = folders[1:]
+        student = folders[0] if folders else path.stem.split("_")[0]
+        found.append(Submission(path=path, student=_student_name(student)))
+    return found
+
+
+def _handed_in_at(path: Path) -> float:
+    """nbgrader's ``timestamp.txt`` beside the notebook when there is one, else the file's time."""
+    stamp = path.parent / "timestamp.txt"
+    if stamp.is_file():
+        try:
+            from nbgrader.utils import parse_utc
+            return parse_utc(stamp.read_text().strip()).timestamp()
+        except Exception:  # an unreadable stamp: fall back on the file's own time
+            pass
+    return path.stat().st_mtime
+
+
+def _nbgrader_metadata(cell) -> dict:
+    metadata = cell.get("metadata", {}).get("nbgrader")
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _locked_checksums(notebook) -> dict:
+    return {_nbgrader_metadata(cell)["grade_id"]: _nbgrader_metadata(cell).get("checksum")
+            for cell in notebook.cells
+            if _nbgrader_metadata(cell).get("locked") and "grade_id" in _nbgrader_metadata(cell)}
+
+
+def _answer_key(assignment: str, source, release) -> AnswerKey:
+    """Tasks, points and trusted checks from the answer key; checksums from the released exercise."""
+    tasks = {}
+    for cell in source.cells:
+        metadata = _nbgrader_metadata(cell)
+        if metadata.get("grade") and metadata.get("grade_id", "").endswith("_check"):
+            number = int(re.findall(r"\d+", metadata["grade_id"])[0])
+            names = checks.recorded_names(cell.source)
+            unknown = [name for name in names if name not in checks.CHECKS]
+            if unknown:
+                raise ValueError(f"task {number} records {unknown}, which icl_course.checks does not define")
+            giveaways = tuple(sorted({word for name in names for word in checks.CHECKS[name].giveaways}))
+            tasks[number] = Task(number, float(metadata.get("points", 0)), names, giveaways)
+    return AnswerKey(assignment, _locked_checksums(release), tasks)
+
+
+def _recognise(notebook, keys: dict) -> Optional[str]:
+    """The assignment whose locked-cell checksums the notebook shares most (more than half of them)."""
+    mine = _locked_checksums(notebook)
+    best, best_share = None, 0.5
+    for name, key in keys.items():
+        share = sum(mine.get(cell) == value for cell, value in key.checksums.items()) / max(1, len(key.checksums))
+        if share > best_share:
+            best, best_share = name, share
+    return best
+
+
+def _read(text: str):
+    """Parse a submission; returns the notebook and the repairs its raw JSON needed."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
+        raise ValueError("no list of cells")
+    fixes = []
+    ids = [cell.get("id") for cell in raw["cells"] if isinstance(cell, dict)]
+    if len(set(ids)) < len(ids):
+        fixes.append("duplicate cell ids renumbered")
+        seen = set()
+        for cell in raw["cells"]:
+            if cell.get("id") in seen:
+                cell["id"] = uuid.uuid4().hex[:8]
+            seen.add(cell.get("id"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        notebook = nbformat.reads(json.dumps(raw), as_version=4)
+    return notebook, fixes
+
+
+def _repair(notebook) -> list[str]:
+    """Fix what a learner did not do on purpose; returns what was fixed."""
+    fixes = []
+    stored = sum(len(json.dumps(cell.get("outputs", []))) for cell in notebook.cells if cell.cell_type == "code")
+    if stored > 1_000_000:
+        fixes.append(f"{stored / 1e6:.0f} MB of stored outputs removed")
+    for cell in notebook.cells:  # outputs are never graded: the notebook runs again
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    kernel = notebook.metadata.get("kernelspec", {}).get("name")
+    if kernel != "python3":
+        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        fixes.append(f"kernel {kernel!r} replaced by python3")
+    return sorted(set(fixes))
+
+
+def _hashes(root: Path) -> dict:
+    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(Path(root).rglob("*"))
+            if path.is_file()}
+
+
+def _limit_memory(bytes_limit: int):
+    def apply():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (bytes_limit, bytes_limit))
+    return apply
+
+
+def _autograde(course: Path, assignment: str, student: str, notebook_timeout: float, memory_bytes: int,
+               answers: Path, seed: int) -> str:
+    """Run nbgrader autograde for one submission in its own process group; '' on success."""
+    environment = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    environment.update({checks.ANSWERS_VARIABLE: str(answers), checks.SEED_VARIABLE: str(seed)})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
+         "--log-level=WARN"],
+        cwd=course, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, preexec_fn=_limit_memory(memory_bytes) if os.name == "posix" else None)
+    try:
+        output, _ = process.communicate(timeout=notebook_timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return f"stopped after the notebook time limit ({notebook_timeout:g} s)"
+    finally:
+        try:  # the kernel and anything it started share the process group: none may outlive grading
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if "Address already in use" in output or "Kernel didn't respond" in output:
+        return "the kernel could not start"
+    if "DeadKernel" in output or "Kernel died" in output:
+        return "the kernel stopped during execution (the answers recorded before it stopped count)"
+    if "became unresponsive" in output:
+        return "the kernel stopped responding and could not be interrupted"
+    if process.returncode != 0:
+        last = [line for line in output.splitlines() if line.strip() and "see the the above" not in line][-1:]
+        return f"autograding failed: {(last or ['no output'])[0][:200]}"
+    if "CellTimeoutError" in output or "Timeout" in output or "timed out" in output.lower():
+        return "a cell exceeded the cell time limit"
+    return ""
+
+
+def _write_config(course: Path, cell_timeout: float) -> None:
+    (course / "nbgrader_config.py").write_text(
+        "c = get_config()\n"
+        "c.CourseDirectory.course_id = 'icl-course'\n"
+        f"c.Execute.timeout = {int(cell_timeout)}\n"
+        "c.Execute.interrupt_on_timeout = True\n"
+        "c.OverwriteCells.add_missing_cells = True\n"
+    )
+
+
+def _prepare(out: Path) -> str:
+    """Check that ``out`` may be written, mark it as ours, and return its grading secret."""
+    marker = out / MARKER
+    if out.exists() and any(out.iterdir()) and not marker.exists():
+        raise ValueError(f"{out} exists and was not made by icl-course grade: choose an empty or new folder")
+    found = re.search(r"^secret: ([0-9a-f]{32,})$", marker.read_text(), re.M) if marker.exists() else None
+    secret = found.group(1) if found else secrets.token_hex(16)
+    out.mkdir(parents=True, exist_ok=True)
+    marker.write_text("made by icl-course grade; safe to delete.\n"
+                      "The secret below draws the grading inputs; keep it to regrade with the same ones.\n"
+                      f"secret: {secret}\n")
+    for stale in ("nbgrader", "feedback"):
+        shutil.rmtree(out / stale, ignore_errors=True)
+    return secret
+
+
+def _seed(secret: str, student: str, assignment: str) -> int:
+    return int(hashlib.sha256(f"{secret}/{student}/{assignment}".encode()).hexdigest()[:8], 16)
+
+
+def default_solutions() -> Path:
+    """The answer keys of the course's own checkout, or a clear error where there is none."""
+    if CHECKOUT_SOLUTIONS.is_dir() and any(CHECKOUT_SOLUTIONS.glob("*.ipynb")):
+        return CHECKOUT_SOLUTIONS
+    raise ValueError("this installation of icl-course has no answer keys beside it (they are not part of the "
+                     "package that learners install): pass --solutions PATH/TO/solutions from a checkout of the "
+                     "course's repository")
+
+
+def _load_keys(solutions: Path, template: Path) -> dict:
+    """Generate every assignment in the template course folder; return the answer keys."""
+    keys = {}
+    for source in sorted(solutions.glob("*.ipynb")):
+        folder = template / "source" / source.stem
+        folder.mkdir(parents=True)
+        try:
+            notebook = source_copy(source)
+            nbformat.write(notebook, folder / source.name)
+            run_nbgrader(["generate_assignment", source.stem, "--force", "--log-level=WARN"], template)
+            release = nbformat.read(template / "release" / source.stem / source.name, as_version=4)
+            keys[source.stem] = _answer_key(source.stem, notebook, release)
+        except Exception as error:  # an unreadable answer key must stop the run with its name, not a traceback
+            raise ValueError(f"the answer key {source} cannot be used: {str(error).splitlines()[0][:300]}") from None
+    return keys
+
+
+def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_timeout: float = 60,
+          notebook_timeout: float = 600, memory_gib: float = 4.0, progress: bool = True,
+          hidden_tests_in_feedback: bool = False, jobs: int = DEFAULT_JOBS) -> list[Submission]:
+    """Grade every notebook under ``submissions``; write ``grades.csv`` and feedback under ``out``.
+
+    ``jobs`` submissions run at the same time, each in its own process with its own limits.
+    """
+    from tqdm.auto import tqdm
+
+    submissions, out = Path(submissions).resolve(), Path(out).resolve()
+    solutions = Path(solutions).resolve() if solutions else default_solutions()
+    if not submissions.is_dir():
+        raise ValueError(f"{submissions} is not a folder of submissions")
+    if not solutions.is_dir() or not list(solutions.glob("*.ipynb")):
+        raise ValueError(f"no solution notebooks in {solutions}: pass --solutions")
+    for name, value in (("cell timeout", cell_timeout), ("notebook timeout", notebook_timeout),
+                        ("memory limit", memory_gib), ("number of jobs", jobs)):
+        if not value > 0:
+            raise ValueError(f"the {name} must be positive, got {value}")
+    if out == submissions or submissions in out.parents or out in submissions.parents:
+        raise ValueError("--out must be outside the submissions folder (grading never writes there)")
+    secret = _prepare(out)
+    before = _hashes(submissions)
+
+    template = out / "nbgrader" / "template"
+    template.mkdir(parents=True)
+    _write_config(template, cell_timeout)
+    keys = _load_keys(solutions, template)
+    untrusted = [f"{name} task {task.number}" for name, key in keys.items() for task in key.tasks.values()
+                 if not task.checks]
+    if untrusted and progress:
+        print("warning: no trusted check records these tasks, so their points come from the student's "
+              f"kernel: {', '.join(untrusted)}")
+
+    found = find_submissions(submissions)
+    recognised = []
+    for submission in found:
+        try:
+            notebook, fixes = _read(submission.path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            submission.status = f"not a notebook ({type(error).__name__})"
+            continue
+        except Exception as error:  # nbformat raises several types for malformed notebooks
+            submission.status = f"malformed notebook ({type(error).__name__}: {str(error)[:80]})"
+            continue
+        submission.assignment = _recognise(notebook, keys)
+        if submission.assignment is None:
+            submission.status = "not recognised as any exercise of this course"
+            continue
+        fixes = sorted(set(fixes + _repair(notebook)))
+        submission.status = "graded" + (f" ({'; '.join(fixes)})" if fixes else "")
+        recognised.append((submission, notebook))
+
+    runnable = _newest_per_student(recognised)
+    settings = dict(template=template, out=out, secret=secret, notebook_timeout=notebook_timeout,
+                    memory_bytes=int(memory_gib * 2**30), hidden_tests_in_feedback=hidden_tests_in_feedback)
+    with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:  # each job waits on its own nbgrader process
+        futures = [pool.submit(_grade_one_safely, submission, notebook, keys[submission.assignment], **settings)
+                   for submission, notebook in runnable]
+        for future in tqdm(as_completed(futures), total=len(futures), desc="grading", disable=not progress):
+            future.result()
+
+    _write_grades(out, found, keys)
+    if _hashes(submissions) != before:
+        raise RuntimeError("a submission file changed during grading; this is a bug, please report it")
+    if progress:
+        _print_summary(found)
+    return found
+
+
+def _grade_one_safely(submission: Submission, notebook, key: AnswerKey, **settings) -> None:
+    """:func:`_grade_one`, but a failure of this one submission is reported, never stops the batch."""
+    try:
+        _grade_one(submission, notebook, key, **settings)
+    except Exception as error:
+        submission.scores = {number: 0.0 for number in key.tasks}
+        submission.status = f"could not be graded ({type(error).__name__}: {str(error)[:150]})"
+
+
+def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path, out: Path, secret: str,
+               notebook_timeout: float, memory_bytes: int, hidden_tests_in_feedback: bool) -> None:
+    """Autograde one submission in a course folder of its own, then score it and write its feedback."""
+    course = out / "nbgrader" / "students" / submission.student / submission.assignment
+    shutil.copytree(template, course)  # no kernel can reach another submission's gradebook or answer key
+    target = course / "submitted" / submission.student / submission.assignment / f"{submission.assignment}.ipynb"
+    target.parent.mkdir(parents=True)
+    nbformat.write(notebook, target)
+    answers = course / "answers"
+    seed = _seed(secret, submission.student, submission.assignment)
+    submission.max_total = key.max_total
+    for _ in range(2):  # once more only if the kernel could not start (a port taken meanwhile)
+        shutil.rmtree(answers, ignore_errors=True)
+        answers.mkdir()
+        problem = _autograde(course, submission.assignment, submission.student, notebook_timeout, memory_bytes,
+                             answers, seed)
+        if "could not start" not in problem:
+            break
+    if problem:
+        submission.status = problem
+    _score(submission, key, answers, seed, course)
+    submission.review = [f"task {number} uses {', '.join(names)}" for number, names in
+                         _giveaways(notebook, key).items()]
+    shutil.rmtree(answers, ignore_errors=True)
+    graded = course / "autograded" / submission.student / submission.assignment / f"{submission.assignment}.ipynb"
+    _write_feedback(out / "feedback" / submission.student / f"{submission.assignment}.html",
+                    graded if graded.exists() else target, submission, key, hidden_tests_in_feedback)
+
+
+def _newest_per_student(recognised: list) -> list:
+    """One notebook per student and assignment: the newest; the others are reported as superseded."""
+    newest = {}
+    for submission, notebook in recognised:
+        slot = (submission.student, submission.assignment)
+        if slot not in newest or _handed_in_at(submission.path) > _handed_in_at(newest[slot][0].path):
+            newest[slot] = (submission, notebook)
+    kept = {id(pair[0]) for pair in newest.values()}
+    for submission, _ in recognised:
+        if id(submission) not in kept:
+            winner = newest[(submission.student, submission.assignment)][0]
+            submission.status = f"not graded: {winner.path.name} is a newer submission of the same assignment"
+            submission.assignment = None
+    return [pair for pair in recognised if id(pair[0]) in kept]
+
+
+def _score(submission: Submission, key: AnswerKey, answers: Path, seed: int, course: Path) -> None:
+    """Points per task from the recorded outputs, verified here, outside the student's kernel."""
+    verdicts = checks.verify_recorded([name for task in key.tasks.values() for name in task.checks], answers, seed)
+    kernel_scores = _kernel_scores(course, submission) if any(not task.checks for task in key.tasks.values()) else {}
+    for number, task in sorted(key.tasks.items()):
+        if task.checks:
+            failures = [verdicts[name] for name in task.checks if verdicts[name]]
+            submission.scores[number] = 0.0 if failures else task.points
+            submission.comments[number] = "\n\n".join(failures) if failures else "All grading checks passed."
+        else:
+            submission.scores[number] = min(task.points, kernel_scores.get(number, 0.0))
+            submission.comments[number] = "Scored by the checks in the notebook."
+
+
+def _kernel_scores(course: Path, submission: Submission) -> dict:
+    """nbgrader's own scores (decided in the student's kernel), for tasks without a trusted check."""
+    from nbgrader.api import Gradebook
+
+    try:
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+            notebook = gradebook.find_submission_notebook(submission.assignment, submission.assignment,
+                                                          submission.student)
+            return {int(re.findall(r"\d+", grade.name)[0]): float(grade.auto_score or 0)
+                    for grade in notebook.grades if grade.name.endswith("_check")}
+    except Exception:  # no gradebook or no entry (autograding did not finish): no points
+        return {}
+
+
+def _giveaways(notebook, key: AnswerKey) -> dict:
+    used = {}
+    for cell in notebook.cells:
+        grade_id = _nbgrader_metadata(cell).get("grade_id", "")
+        match = re.fullmatch(r"task(\d+)_answer", grade_id)
+        if match and int(match.group(1)) in key.tasks:
+            names = checks.giveaways_used(cell.source, key.tasks[int(match.group(1))].giveaways)
+            if names:
+                used[int(match.group(1))] = names
+    return used
+
+
+def _write_feedback(target: Path, graded: Path, submission: Submission, key: AnswerKey,
+                    hidden_tests_in_feedback: bool) -> None:
+    """nbgrader's feedback page, with the points decided by :func:`_score` and a comment per answer."""
+    from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+    from nbgrader.preprocessors import ClearHiddenTests
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        notebook = nbformat.read(graded, as_version=4)
+    for cell in notebook.cells:
+        metadata = _nbgrader_metadata(cell)
+        match = re.fullmatch(r"task(\d+)_(check|answer)", metadata.get("grade_id", ""))
+        if not match or int(match.group(1)) not in key.tasks:
+            continue
+        number = int(match.group(1))
+        if match.group(2) == "check":
+            metadata.update(score=submission.scores.get(number, 0.0), points=key.tasks[number].points)
+        else:
+            metadata["comment"] = submission.comments.get(number, "")
+    if not submission.status.startswith("graded"):
+        notebook.cells.insert(0, nbformat.v4.new_markdown_cell(f"**Grading note:** {submission.status}."))
+    total = sum(submission.scores.values())
+    resources = {"nbgrader": {"notebook": submission.assignment, "score": total, "max_score": key.max_total,
+                              "late_penalty": 0}}
+    if not hidden_tests_in_feedback:
+        notebook, resources = ClearHiddenTests().preprocess(notebook, resources)
+    base = Path(__import__("nbgrader").__file__).parent / "server_extensions" / "formgrader"
+    exporter = HTMLExporter(template_name="feedback", extra_template_basedirs=[str(base / "templates")],
+                            extra_template_paths=[str(base / "static" / "node_modules" / "bootstrap" / "dist" / "css")])
+    exporter.register_preprocessor(CSSHTMLHeaderPreprocessor(), enabled=True)
+    page, _ = exporter.from_notebook_node(notebook, resources=resources)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(page, encoding="utf-8")
+
+
+def _write_grades(out: Path, found: list[Submission], keys: dict) -> None:
+    numbers = sorted({number for key in keys.values() for number in key.tasks})
+    with open(out / "grades.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["student", "assignment", *[f"task{number}" for number in numbers], "total", "max_total",
+                         "status", "review", "file"])
+        for submission in sorted(found, key=lambda s: (s.student, s.assignment or "", str(s.path))):
+            row = [submission.scores.get(number, 0.0) for number in numbers]
+            maximum = f"{keys[submission.assignment].max_total:g}" if submission.assignment else ""
+            writer.writerow([submission.student, submission.assignment or "", *[f"{v:g}" for v in row],
+                             f"{sum(row):g}", maximum, submission.status, "; ".join(submission.review),
+                             submission.path.name])
+
+
+def _print_summary(found: list[Submission]) -> None:
+    print(f"\n{len(found)} notebooks")
+    failed_tasks = {}
+    for submission in found:
+        total = sum(submission.scores.values())
+        maximum = f"{submission.max_total:g}" if submission.max_total is not None else "-"
+        print(f"  {submission.student:16s} {submission.assignment or '-':45s} {total:5g} / {maximum:<4s} "
+              f"{submission.status}"
+              + (f"  [review: {'; '.join(submission.review)}]" if submission.review else ""))
+        for number, comment in submission.comments.items():
+            if submission.scores.get(number, 0.0) == 0.0:
+                failed_tasks[(submission.assignment, number)] = failed_tasks.get((submission.assignment, number), 0) + 1
+    for (assignment, number), count in sorted(failed_tasks.items(), key=lambda item: -item[1])[:5]:
+        print(f"  most failed: {assignment} task {number}: {count} students")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="icl-course grade", description="Grade a class's exercise notebooks.")
+    parser.add_argument("submissions", type=Path, help="folder of submitted notebooks (see the layouts in the docs)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for grades.csv and feedback/")
+    parser.add_argument("--solutions", type=Path,
+                        help="the folder of answer keys (default: solutions/ of the course's checkout)")
+    parser.add_argument("--cell-timeout", type=float, default=60, help="seconds per cell (default 60)")
+    parser.add_argument("--notebook-timeout", type=float, default=600, help="seconds per notebook (default 600)")
+    parser.add_argument("--memory-limit", type=float, default=4.0, help="GiB per submission (default 4)")
+    parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
+                        help=f"submissions graded at the same time (default {DEFAULT_JOBS}: the CPUs, at most 4)")
+    parser.add_argument("--hidden-tests-in-feedback", action="store_true",
+                        help="keep the hidden tests in the feedback HTML (by default they are removed)")
+    arguments = parser.parse_args(argv)
+    try:
+        grade(arguments.submissions, arguments.out, arguments.solutions, arguments.cell_timeout,
+              arguments.notebook_timeout, arguments.memory_limit,
+              hidden_tests_in_feedback=arguments.hidden_tests_in_feedback, jobs=arguments.jobs)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"grades: {arguments.out / 'grades.csv'}; feedback: {arguments.out / 'feedback'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
