@@ -28,6 +28,7 @@ import numbers
 import os
 import random
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -563,6 +564,13 @@ def _load_record(path: Path) -> list:
         _fail("no outputs were recorded (the grading cell did not run: did the notebook stop early?)")
     if path.stat().st_size > MAX_RECORD_BYTES:
         _fail(f"the recorded outputs take {path.stat().st_size / 2**20:.0f} MiB, more than any answer needs")
+    if zipfile.is_zipfile(path):  # torch.save writes an uncompressed zip: anything else may be a zip bomb
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+        unpacked = sum(entry.file_size for entry in entries)
+        if unpacked > MAX_RECORD_BYTES or any(entry.compress_type != zipfile.ZIP_STORED for entry in entries):
+            _fail(f"the recorded outputs would unpack to {unpacked / 2**20:.0f} MiB or are compressed, "
+                  "which checks.record never writes")
     try:
         entries = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # anything but plain tensors and numbers is refused, never executed

@@ -8,6 +8,9 @@ import json
 import os
 import re
 import shutil
+import time
+import zipfile
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -15,6 +18,12 @@ from conftest import ROOT
 
 from icl_course.__main__ import main as command
 from icl_course.grading.grade import find_submissions, grade
+from icl_course.grading.sandbox import sandbox_problem
+
+# Every grading run here is sandboxed where the machine can make a sandbox (CI installs bubblewrap);
+# elsewhere the tests grade without it, and the sandbox's own tests say what is missing.
+SANDBOX_PROBLEM = sandbox_problem()
+SANDBOX = SANDBOX_PROBLEM is None
 
 CHAPTER = "01_linear_attention_is_gradient_descent"
 CHAPTER_2 = "02_one_step_of_gd_is_optimal"
@@ -81,6 +90,40 @@ FORGE_RECORDS = (
     "torch.save([('output', Payload())], os.path.join(folder, 'merged_form.pt'))\n"
     "torch.save([('output', torch.zeros(1))] * 6, os.path.join(folder, 'linear_attention.pt'))\n"
     "def gd_matrices(d, n, eta):\n    raise NotImplementedError()\n")
+# Attacks on the grader itself, which only the operating-system sandbox stops (handed in only where
+# one can be made: without it, the SIGSTOP loop would freeze the grader).  Task 2's answer is wrong
+# unless an answer key or a classmate's notebook can be read; then their answers are run instead.
+ESCAPE = (
+    WRONG_LAYER
+    + "import glob, json, os, pathlib, subprocess, sys\n"
+    "found = []\n"
+    "for pattern in ['{keys}/*.ipynb', '{repository}/solutions/*.ipynb', '../../../source/*/*.ipynb',\n"
+    "                '{out}/nbgrader/students/*/*/autograded/*/*/*.ipynb',\n"
+    "                '{out}/nbgrader/students/*/*/submitted/*/*/*.ipynb']:\n"
+    "    found += glob.glob(pattern)\n"
+    "for path in found:\n"
+    "    for cell in json.load(open(path))['cells']:\n"
+    "        source = ''.join(cell['source'])\n"
+    "        if 'def linear_attention' in source and 'return tokens\\n' not in source:\n"
+    "            try:\n"
+    "                exec(source, globals())\n"
+    "            except Exception:\n"
+    "                pass\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time, pathlib; time.sleep(8); '\n"
+    "                  'pathlib.Path(\"{out}/grades.csv\").write_text(\"sybil,hacked\"); '\n"
+    "                  'pathlib.Path(\"{late}\").write_text(\"outlived grading\")'], start_new_session=True)\n"
+    "for target in ('{package}/checks.py', '{out}/.icl-course-grading'):\n"
+    "    try:\n"
+    "        open(target, 'a').write('# sybil was here')\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "open('/tmp/sybil-was-here', 'w').write('x')\n"
+    "for pid in [int(name) for name in os.listdir('/proc') if name.isdigit()]:\n"
+    "    if pid not in (os.getpid(), os.getppid(), 1):\n"
+    "        try:\n"
+    "            os.kill(pid, 19)\n"
+    "        except OSError:\n"
+    "            pass\n")
 GIVEAWAYS = {2: "from icl_course.models import LinearSelfAttention\n"
                 "def linear_attention(tokens, P, Q):\n    return LinearSelfAttention.from_matrices(P, Q)(tokens)\n",
              3: "from icl_course import gd_construction\n"
@@ -150,6 +193,11 @@ def graded_class(tmp_path_factory):
     marker = root / "payload-ran"
     hand_in(f"submitted/yvonne/{CHAPTER}/{CHAPTER}.ipynb",
             with_answer(full, 3, FORGE_RECORDS.replace("{marker}", str(marker))))
+    if SANDBOX:
+        import icl_course
+        escape = ESCAPE.format(keys=solutions, repository=ROOT, out=root / "out", late=root / "outlived",
+                               package=Path(icl_course.__file__).parent)
+        hand_in(f"submitted/sybil/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 2, escape))
     judy = full
     for task, source in GIVEAWAYS.items():
         judy = with_answer(judy, task, source)
@@ -161,13 +209,23 @@ def graded_class(tmp_path_factory):
     os.utime(new, (1_000_000_000, 1_000_000_000))
 
     before = {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in submitted.rglob("*") if path.is_file()}
+    package_before = _package_hashes()
     out = root / "out"
-    grade(submitted, out, solutions=solutions, cell_timeout=10, notebook_timeout=300, progress=False, jobs=2)
+    grade(submitted, out, solutions=solutions, cell_timeout=10, notebook_timeout=300, progress=False, jobs=2,
+          sandbox=SANDBOX)
     after = {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in submitted.rglob("*") if path.is_file()}
     with open(out / "grades.csv") as handle:
         rows = list(csv.DictReader(handle))
     by_student = {row["student"]: row for row in rows if row["assignment"] == CHAPTER}
-    return Class(root, out, by_student, rows, before, after, marker)
+    graded = Class(root, out, by_student, rows, before, after, marker)
+    graded.package_before, graded.finished = package_before, time.monotonic()
+    return graded
+
+
+def _package_hashes():
+    import icl_course
+    folder = Path(icl_course.__file__).parent
+    return {path: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(folder.rglob("*.py"))}
 
 
 class Class:
@@ -283,7 +341,8 @@ def test_the_notebook_time_limit_stops_a_slow_submission(tmp_path):
     slow = with_answer(exercise, 1, "import time\ntime.sleep(120)\n")
     (tmp_path / "class").mkdir()
     (tmp_path / "class" / "sam_01.ipynb").write_text(json.dumps(slow))
-    found = grade(tmp_path / "class", tmp_path / "out", solutions=solutions, notebook_timeout=15, progress=False)
+    found = grade(tmp_path / "class", tmp_path / "out", solutions=solutions, notebook_timeout=15, progress=False,
+                  sandbox=SANDBOX)
     assert found[0].status == "stopped after the notebook time limit (15 s)" and sum(found[0].scores.values()) == 0
     assert (tmp_path / "out" / "feedback" / "sam" / f"{CHAPTER}.html").exists()
 
@@ -331,10 +390,10 @@ def test_a_rerun_gives_the_same_grades(graded_class, tmp_path):
     solutions.mkdir()
     shutil.copy(graded_class.root / "solutions" / f"{CHAPTER}.ipynb", solutions)
     out = tmp_path / "out"
-    grade(submitted, out, solutions=solutions, progress=False, jobs=2)
+    grade(submitted, out, solutions=solutions, progress=False, jobs=2, sandbox=SANDBOX)
     first, secret = (out / "grades.csv").read_text(), (out / ".icl-course-grading").read_text()
     assert [line.split(",")[7] for line in first.splitlines()[1:]] == ["14", "2"]
-    grade(submitted, out, solutions=solutions, progress=False, jobs=2)
+    grade(submitted, out, solutions=solutions, progress=False, jobs=2, sandbox=SANDBOX)
     assert (out / "grades.csv").read_text() == first and (out / ".icl-course-grading").read_text() == secret
 
 
@@ -362,7 +421,9 @@ def test_layout_rules(tmp_path):
     for relative in ("submitted/Ann/01/x.ipynb", "bo/01/x.ipynb", "cy_LATE_1_2_x.ipynb", ".ipynb_checkpoints/z.ipynb"):
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / relative).write_text("{}")
-    assert sorted(s.student for s in find_submissions(tmp_path)) == ["ann", "bo", "cy"]
+    found = find_submissions(tmp_path)
+    assert sorted(s.student for s in found if s.status == "pending") == ["Ann", "bo", "cy"]  # as given
+    assert [s.path.name for s in found if s.status.startswith("skipped: a hidden file")] == ["z.ipynb"]
 
 
 def test_command_line_help(capsys):
@@ -377,7 +438,7 @@ def test_a_broken_answer_key_is_named_not_a_traceback(tmp_path, capsys):
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / "broken.ipynb").write_text("not a notebook")
     with pytest.raises(ValueError, match="answer key .*broken.ipynb cannot be used"):
-        grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", progress=False)
+        grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", progress=False, sandbox=SANDBOX)
     with pytest.raises(SystemExit):
         command(["grade", str(tmp_path / "class"), "--out", str(tmp_path / "out2"),
                  "--solutions", str(tmp_path / "keys")])
@@ -417,7 +478,7 @@ def test_a_key_without_trusted_checks_is_graded_in_the_kernel_with_a_warning(tmp
         return write_feedback(target, *arguments)
 
     monkeypatch.setattr(grading, "_write_feedback", failing_for_cy)
-    found = grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", jobs=2)
+    found = grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", jobs=2, sandbox=SANDBOX)
     assert {s.student: s.scores for s in found} == {"ann": {1: 2.0}, "ben": {1: 0.0}, "cy": {1: 0.0}}
     assert "no trusted check records these tasks" in capsys.readouterr().out
     assert next(s for s in found if s.student == "cy").status == "could not be graded (RuntimeError: disk full)"
@@ -429,7 +490,7 @@ def test_a_key_that_records_an_unknown_check_is_refused(tmp_path):
     nbformat.write(tiny_key('checks.record("tripled", double)'), tmp_path / "keys" / "tiny.ipynb")
     (tmp_path / "class").mkdir()
     with pytest.raises(ValueError, match="tiny.ipynb cannot be used: task 1 records \\['tripled'\\]"):
-        grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", progress=False)
+        grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys", progress=False, sandbox=SANDBOX)
 
 
 def test_an_installation_without_answer_keys_asks_for_them(tmp_path, monkeypatch):
@@ -446,3 +507,132 @@ def test_the_old_module_paths_still_run(module):
     import sys
     result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "usage:" in result.stdout
+
+
+# -- files a student controls are input, never instructions -----------------------------------
+
+def test_only_regular_files_are_read_and_everything_skipped_is_reported(tmp_path):
+    from icl_course.grading.grade import MAX_NOTEBOOK_BYTES
+    root = tmp_path / "class"
+    (root / "bob").mkdir(parents=True)
+    (root / "ann_01.ipynb").write_text("{}")
+    (tmp_path / "outside.ipynb").write_text("{}")
+    (root / "eve_01.ipynb").symlink_to(tmp_path / "outside.ipynb")         # a link out of the folder
+    (root / "mal_01.ipynb").symlink_to(root / "ann_01.ipynb")              # a link to a classmate
+    (root / "linked").symlink_to(tmp_path, target_is_directory=True)        # a folder link is not followed
+    os.mkfifo(root / "pip_01.ipynb")                                         # reading it would hang
+    (root / ".hid_01.ipynb").write_text("{}")
+    (root / "bob" / ".ipynb_checkpoints").mkdir()
+    (root / "bob" / ".ipynb_checkpoints" / "01-checkpoint.ipynb").write_text("{}")
+    with open(root / "big_01.ipynb", "wb") as handle:
+        handle.truncate(MAX_NOTEBOOK_BYTES + 1)
+    (root / "bob" / "timestamp.txt").write_text("2026-11-01 10:00:00")
+    found = {submission.path.name: submission.status for submission in find_submissions(root)}
+    assert found.pop("ann_01.ipynb") == "pending"
+    assert found == {
+        "eve_01.ipynb": "skipped: a symbolic link (not followed)",
+        "mal_01.ipynb": "skipped: a symbolic link (not followed)",
+        "linked": "skipped: a symbolic link to a folder (not followed)",
+        "pip_01.ipynb": "skipped: not a regular file (a FIFO, socket or device)",
+        ".hid_01.ipynb": found[".hid_01.ipynb"],
+        "01-checkpoint.ipynb": found["01-checkpoint.ipynb"],
+        "big_01.ipynb": "skipped: 20 MiB, more than the 20 MiB a notebook may have",
+    }
+    assert found[".hid_01.ipynb"].startswith("skipped: a hidden file")
+    assert found["01-checkpoint.ipynb"].startswith("skipped: a hidden file")
+
+
+def test_grading_a_folder_with_a_fifo_and_links_finishes_and_reports_them(tmp_path):
+    root = tmp_path / "class"
+    root.mkdir()
+    os.mkfifo(root / "pip_01.ipynb")
+    (root / "eve_01.ipynb").symlink_to(tmp_path)
+    (root / "=cmd_01.ipynb").write_text("not a notebook")
+    found = grade(root, tmp_path / "out", progress=False, sandbox=SANDBOX)
+    rows = (tmp_path / "out" / "grades.csv").read_text().splitlines()
+    assert {submission.status.split(":")[0] for submission in found} == {"skipped", "not a notebook (JSONDecodeError)"}
+    assert any(row.startswith("'=cmd,") for row in rows), "a name starting with = is quoted for spreadsheets"
+
+
+def test_identities_are_kept_as_given_and_never_share_a_folder():
+    from icl_course.grading.grade import Submission, _report_collisions, student_folder
+    names = ["alice", "Alice", "ALICE", "Дмитрий", "Ярослав", "李雷", "韩梅梅", "o'brien", "a b"]
+    folders = [student_folder(name) for name in names]
+    assert len(set(folders)) == len(names) and folders[0] == "alice"
+    assert all(re.fullmatch(r"[a-z0-9][a-z0-9._-]*", folder) for folder in folders)
+    found = [Submission(path=Path(f"{name}.ipynb"), student=name) for name in ("alice", "Alice", "alice-0d6e4079")]
+    found[2].student = student_folder("Alice")     # a name that is literally another one's folder
+    _report_collisions(found)
+    assert found[0].status == "pending"
+    assert found[1].status.startswith("skipped: the identity 'Alice' collides")
+    assert found[2].status.startswith("skipped: the identity")
+
+
+def test_spreadsheet_cells_never_start_a_formula():
+    from icl_course.grading.grade import spreadsheet_safe
+    for text in ("=HYPERLINK(\"x\")", "+1", "-2", "@SUM(A1)", "\tx", "\rx"):
+        assert spreadsheet_safe(text).startswith("'")
+    assert spreadsheet_safe("alice") == "alice" and spreadsheet_safe("") == ""
+
+
+def test_a_copied_graded_cell_is_repaired_so_an_honest_learner_is_graded():
+    from icl_course.grading.grade import _repair
+    exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
+    check = find_cell(exercise, "task1_check")
+    exercise.cells.insert(exercise.cells.index(check) + 1, nbformat.from_dict(json.loads(json.dumps(check))))
+    fixes = _repair(exercise)
+    assert "a copy of the graded cell 'task1_check' kept as an ordinary cell" in fixes
+    ids = [cell.metadata.get("nbgrader", {}).get("grade_id") for cell in exercise.cells]
+    assert ids.count("task1_check") == 1
+
+
+def test_recorded_answers_that_would_unpack_to_gigabytes_are_refused(tmp_path):
+    from icl_course import checks
+    bomb = tmp_path / "best_step_size.pt"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", b"\0" * (64 * 2**20))        # 64 MiB of zeros, 64 KiB on disk
+    assert bomb.stat().st_size < 1_000_000
+    verdicts = checks.verify_recorded(["best_step_size"], tmp_path, seed=0)
+    assert "would unpack to 64 MiB or are compressed" in verdicts["best_step_size"]
+
+
+def test_a_learners_markup_is_shown_in_the_feedback_never_run(tmp_path):
+    from icl_course.grading.grade import AnswerKey, Submission, _write_feedback
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell("<script>alert('owned')</script>\n<img src=x onerror=alert(2)>"),
+                      nbformat.v4.new_code_cell("1", outputs=[nbformat.v4.new_output(
+                          "display_data", data={"text/html": "<script>alert('again')</script>"})])]
+    graded = tmp_path / "graded.ipynb"
+    nbformat.write(notebook, graded)
+    submission = Submission(path=graded, student="mallory", assignment="tiny", status="graded")
+    _write_feedback(tmp_path / "page.html", graded, submission, AnswerKey("tiny", {}, {}), False)
+    page = (tmp_path / "page.html").read_text()
+    assert "<script>alert(" not in page and not re.search(r"<img[^>]*onerror", page)
+    assert "&lt;script&gt;alert('owned')" in page      # shown as text
+
+
+@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox on this machine: {SANDBOX_PROBLEM}")
+def test_the_sandbox_stops_what_no_check_in_the_kernel_can(graded_class):
+    """sybil reads answer keys and classmates' notebooks, starts a process that outlives grading to
+    rewrite grades.csv, edits the installed package and the grading secret, leaves a file in /tmp and
+    stops every process it can see.  Inside the sandbox none of it reaches anything."""
+    time.sleep(max(0.0, 12 - (time.monotonic() - graded_class.finished)))  # let the late process try
+    assert graded_class.task("sybil", 2) == 0              # no answer key or classmate's answer was readable
+    # the rest is graded as usual (task 4 builds on task 2's function, as for oscar)
+    assert [graded_class.task("sybil", number) for number in range(1, 6)] == [2, 0, 3, 0, 3]
+    assert graded_class.total("alice") == FULL             # the other kernels were never stopped
+    assert not (graded_class.root / "outlived").exists()   # no process outlived its grading
+    assert "hacked" not in (graded_class.out / "grades.csv").read_text()
+    assert _package_hashes() == graded_class.package_before
+    assert "sybil" not in (graded_class.out / ".icl-course-grading").read_text()
+    assert not Path("/tmp/sybil-was-here").exists()
+
+
+def test_without_a_sandbox_grading_stops_unless_asked_not_to(tmp_path, monkeypatch, capsys):
+    import icl_course.grading.grade as grading
+    monkeypatch.setattr(grading, "sandbox_problem", lambda: "bubblewrap (the `bwrap` program) is not installed")
+    (tmp_path / "class").mkdir()
+    with pytest.raises(ValueError, match="no sandbox can be made here: bubblewrap .* pass --no-sandbox"):
+        grade(tmp_path / "class", tmp_path / "out")
+    grade(tmp_path / "class", tmp_path / "out2", sandbox=False)
+    assert "warning: --no-sandbox: a learner's code can then read and write every file" in capsys.readouterr().out

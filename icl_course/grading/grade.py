@@ -55,6 +55,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import uuid
@@ -68,6 +69,7 @@ import nbformat
 
 from .. import checks
 from .exercises import run_nbgrader, source_copy
+from .sandbox import sandbox_problem, sandboxed
 
 __all__ = ["Submission", "AnswerKey", "find_submissions", "default_solutions", "grade", "main"]
 
@@ -76,6 +78,9 @@ MARKER = ".icl-course-grading"
 # sit beside the package.  An installed wheel ships no answer keys: then --solutions is required.
 CHECKOUT_SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 DEFAULT_JOBS = min(4, os.cpu_count() or 1)
+NO_SANDBOX_COST = ("a learner's code can then read and write every file you can, including --out with "
+                   "other students' records and the grading secret, signal your processes, start processes "
+                   "that outlive grading and use the network")
 
 
 @dataclass
@@ -101,9 +106,17 @@ class AnswerKey:
         return sum(task.points for task in self.tasks.values())
 
 
+MAX_NOTEBOOK_BYTES = 20 * 2**20   # a notebook with its outputs; anything larger is not graded
+_SAFE_FOLDER = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+
+
 @dataclass
 class Submission:
-    """One notebook handed in, and what grading made of it."""
+    """One notebook handed in, and what grading made of it.
+
+    ``student`` is the identity exactly as the submissions folder gives it (case and script kept);
+    ``folder`` is the name of its folders under ``--out`` (see :func:`student_folder`).
+    """
 
     path: Path
     student: str
@@ -114,26 +127,90 @@ class Submission:
     review: list = field(default_factory=list)      # answer cells that use reference functions
     max_total: Optional[float] = None
 
+    @property
+    def folder(self) -> str:
+        return student_folder(self.student)
 
-def _student_name(text: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-.").lower()
-    return name or "unknown"
+
+def student_folder(student: str) -> str:
+    """A file and nbgrader name for ``student``: the identity itself when it is a plain lower-case
+    name, otherwise an ASCII rendering plus a hash of the exact identity, so that ``Alice`` and
+    ``alice``, or two names in another script, never share a folder."""
+    if _SAFE_FOLDER.fullmatch(student):
+        return student
+    ascii_part = re.sub(r"[^a-z0-9.-]+", "-", student.lower()).strip("-.")[:40] or "student"
+    return f"{ascii_part}-{hashlib.sha256(student.encode()).hexdigest()[:8]}"
+
+
+def _skipped(path: Path, root: Path, reason: str) -> Submission:
+    return Submission(path=path, student=_identity(path, root), status=f"skipped: {reason}")
+
+
+def _identity(path: Path, root: Path) -> str:
+    folders = list(path.relative_to(root).parts[:-1])
+    if folders and folders[0] == "submitted":
+        folders = folders[1:]
+    return folders[0] if folders else path.name.split("_")[0].removesuffix(".ipynb")
 
 
 def find_submissions(root: Path) -> list[Submission]:
-    """Every ``.ipynb`` under ``root`` with its student, by the layout rules in the module doc."""
+    """Every notebook under ``root`` with its student, by the layout rules in the module doc.
+
+    Only regular files are read, never through a symbolic link (a link could point at another
+    student's notebook or outside the folder); links, FIFOs, devices, hidden notebooks and files
+    over ``MAX_NOTEBOOK_BYTES`` come back with a ``skipped: ...`` status instead of being ignored.
+    """
     root = Path(root)
     found = []
-    for path in sorted(root.rglob("*.ipynb")):
-        parts = path.relative_to(root).parts
-        if any(part.startswith(".") for part in parts):
-            continue  # .ipynb_checkpoints and other hidden folders
-        folders = list(parts[:-1])
-        if folders and folders[0] == "submitted":
-            folders = folders[1:]
-        student = folders[0] if folders else path.stem.split("_")[0]
-        found.append(Submission(path=path, student=_student_name(student)))
-    return found
+    for folder, directories, files in os.walk(root, followlinks=False):
+        here = Path(folder)
+        for name in sorted(directories):
+            if (here / name).is_symlink():
+                found.append(_skipped(here / name, root, "a symbolic link to a folder (not followed)"))
+        for name in sorted(files):
+            path = here / name
+            information = path.lstat()
+            if not name.endswith(".ipynb") and stat.S_ISREG(information.st_mode):
+                continue  # timestamp.txt and other companions of a submission
+            hidden = any(part.startswith(".") for part in path.relative_to(root).parts)
+            if stat.S_ISLNK(information.st_mode):
+                found.append(_skipped(path, root, "a symbolic link (not followed)"))
+            elif not stat.S_ISREG(information.st_mode):
+                found.append(_skipped(path, root, "not a regular file (a FIFO, socket or device)"))
+            elif hidden:
+                found.append(_skipped(path, root, "a hidden file or one in a hidden folder "
+                                                  "(.ipynb_checkpoints holds autosaves, not submissions)"))
+            elif information.st_size > MAX_NOTEBOOK_BYTES:
+                found.append(_skipped(path, root, f"{information.st_size / 2**20:.0f} MiB, more than the "
+                                                  f"{MAX_NOTEBOOK_BYTES // 2**20} MiB a notebook may have"))
+            else:
+                found.append(Submission(path=path, student=_identity(path, root)))
+    return sorted(found, key=lambda submission: str(submission.path))
+
+
+def _read_submission(path: Path) -> str:
+    """The text of a regular file, opened without following links and read with a size cap."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    descriptor = os.open(path, flags)
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        data = handle.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise ValueError("larger than a notebook may be")
+    return data.decode("utf-8")
+
+
+def _report_collisions(found: list[Submission]) -> None:
+    """Two identities that would share a folder are both reported, never merged."""
+    owners = {}
+    for submission in found:
+        owners.setdefault(submission.folder, set()).add(submission.student)
+    for submission in found:
+        others = owners[submission.folder] - {submission.student}
+        if others and not submission.status.startswith("skipped"):
+            submission.status = (f"skipped: the identity {submission.student!r} collides with "
+                                 f"{sorted(others)} in the folder name {submission.folder!r}; rename one")
 
 
 def _handed_in_at(path: Path) -> float:
@@ -215,6 +292,14 @@ def _repair(notebook) -> list[str]:
     for cell in notebook.cells:  # outputs are never graded: the notebook runs again
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+    seen = set()
+    for cell in notebook.cells:  # a graded cell copied and pasted: the copy runs, but is not graded twice
+        grade_id = _nbgrader_metadata(cell).get("grade_id")
+        if grade_id in seen:
+            del cell.metadata["nbgrader"]
+            fixes.append(f"a copy of the graded cell {grade_id!r} kept as an ordinary cell")
+        elif grade_id:
+            seen.add(grade_id)
     kernel = notebook.metadata.get("kernelspec", {}).get("name")
     if kernel != "python3":
         notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -223,27 +308,49 @@ def _repair(notebook) -> list[str]:
 
 
 def _hashes(root: Path) -> dict:
-    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(Path(root).rglob("*"))
-            if path.is_file()}
+    """A fingerprint of every entry under ``root``: regular files by content, others by kind and target."""
+    hashes = {}
+    for folder, directories, files in os.walk(root, followlinks=False):
+        for name in directories + files:
+            path = Path(folder) / name
+            information = path.lstat()
+            if stat.S_ISREG(information.st_mode):
+                hashes[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            elif stat.S_ISLNK(information.st_mode):
+                hashes[str(path)] = f"link to {os.readlink(path)}"
+            elif not stat.S_ISDIR(information.st_mode):
+                hashes[str(path)] = f"special file {stat.S_IFMT(information.st_mode)}"
+    return hashes
 
 
-def _limit_memory(bytes_limit: int):
+def _limit_resources(bytes_limit: int):
     def apply():
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (bytes_limit, bytes_limit))
+        # a second line under the sandbox: no single file larger than the memory limit
+        resource.setrlimit(resource.RLIMIT_FSIZE, (bytes_limit, bytes_limit))
     return apply
 
 
 def _autograde(course: Path, assignment: str, student: str, notebook_timeout: float, memory_bytes: int,
-               answers: Path, seed: int) -> str:
-    """Run nbgrader autograde for one submission in its own process group; '' on success."""
-    environment = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    environment.update({checks.ANSWERS_VARIABLE: str(answers), checks.SEED_VARIABLE: str(seed)})
+               answers: Path, seed: int, sandbox: bool = True) -> str:
+    """Run nbgrader autograde for one submission in its own process group; '' on success.
+
+    With ``sandbox`` the whole run (nbgrader, the kernel, whatever the learner's code starts) is
+    inside :func:`icl_course.grading.sandbox.sandboxed`, which sees only this course folder.
+    """
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    variables = {checks.ANSWERS_VARIABLE: str(answers), checks.SEED_VARIABLE: str(seed), "PATH": path}
+    command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
+               "--log-level=WARN"]
+    if sandbox:
+        command = sandboxed(command, writable=course, hidden=("source",), environment=variables)
+        environment = dict(os.environ)
+    else:
+        environment = dict(os.environ, **variables)
     process = subprocess.Popen(
-        [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
-         "--log-level=WARN"],
-        cwd=course, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, preexec_fn=_limit_memory(memory_bytes) if os.name == "posix" else None)
+        command, cwd=course, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, preexec_fn=_limit_resources(memory_bytes) if os.name == "posix" else None)
     try:
         output, _ = process.communicate(timeout=notebook_timeout)
     except subprocess.TimeoutExpired:
@@ -327,10 +434,13 @@ def _load_keys(solutions: Path, template: Path) -> dict:
 
 def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_timeout: float = 60,
           notebook_timeout: float = 600, memory_gib: float = 4.0, progress: bool = True,
-          hidden_tests_in_feedback: bool = False, jobs: int = DEFAULT_JOBS) -> list[Submission]:
+          hidden_tests_in_feedback: bool = False, jobs: int = DEFAULT_JOBS,
+          sandbox: bool = True) -> list[Submission]:
     """Grade every notebook under ``submissions``; write ``grades.csv`` and feedback under ``out``.
 
-    ``jobs`` submissions run at the same time, each in its own process with its own limits.
+    ``jobs`` submissions run at the same time, each in its own process with its own limits and,
+    unless ``sandbox=False``, in its own operating-system sandbox (:mod:`icl_course.grading.sandbox`);
+    where none can be made, grading stops with the reason instead of running unprotected.
     """
     from tqdm.auto import tqdm
 
@@ -346,6 +456,12 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
             raise ValueError(f"the {name} must be positive, got {value}")
     if out == submissions or submissions in out.parents or out in submissions.parents:
         raise ValueError("--out must be outside the submissions folder (grading never writes there)")
+    problem = sandbox_problem() if sandbox else None
+    if problem:
+        raise ValueError(f"no sandbox can be made here: {problem}. Grade on Linux with bubblewrap, or pass "
+                         f"--no-sandbox to run the learners' code with your own rights ({NO_SANDBOX_COST})")
+    if not sandbox and progress:
+        print(f"warning: --no-sandbox: {NO_SANDBOX_COST}")
     secret = _prepare(out)
     before = _hashes(submissions)
 
@@ -360,12 +476,18 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
               f"kernel: {', '.join(untrusted)}")
 
     found = find_submissions(submissions)
+    _report_collisions(found)
     recognised = []
     for submission in found:
+        if submission.status.startswith("skipped"):
+            continue
         try:
-            notebook, fixes = _read(submission.path.read_text(encoding="utf-8"))
+            notebook, fixes = _read(_read_submission(submission.path))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             submission.status = f"not a notebook ({type(error).__name__})"
+            continue
+        except OSError as error:
+            submission.status = f"skipped: could not be read ({type(error).__name__})"
             continue
         except Exception as error:  # nbformat raises several types for malformed notebooks
             submission.status = f"malformed notebook ({type(error).__name__}: {str(error)[:80]})"
@@ -380,7 +502,8 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
 
     runnable = _newest_per_student(recognised)
     settings = dict(template=template, out=out, secret=secret, notebook_timeout=notebook_timeout,
-                    memory_bytes=int(memory_gib * 2**30), hidden_tests_in_feedback=hidden_tests_in_feedback)
+                    memory_bytes=int(memory_gib * 2**30), hidden_tests_in_feedback=hidden_tests_in_feedback,
+                    sandbox=sandbox)
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:  # each job waits on its own nbgrader process
         futures = [pool.submit(_grade_one_safely, submission, notebook, keys[submission.assignment], **settings)
                    for submission, notebook in runnable]
@@ -405,11 +528,12 @@ def _grade_one_safely(submission: Submission, notebook, key: AnswerKey, **settin
 
 
 def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path, out: Path, secret: str,
-               notebook_timeout: float, memory_bytes: int, hidden_tests_in_feedback: bool) -> None:
+               notebook_timeout: float, memory_bytes: int, hidden_tests_in_feedback: bool,
+               sandbox: bool = True) -> None:
     """Autograde one submission in a course folder of its own, then score it and write its feedback."""
-    course = out / "nbgrader" / "students" / submission.student / submission.assignment
+    course = out / "nbgrader" / "students" / submission.folder / submission.assignment
     shutil.copytree(template, course)  # no kernel can reach another submission's gradebook or answer key
-    target = course / "submitted" / submission.student / submission.assignment / f"{submission.assignment}.ipynb"
+    target = course / "submitted" / submission.folder / submission.assignment / f"{submission.assignment}.ipynb"
     target.parent.mkdir(parents=True)
     nbformat.write(notebook, target)
     answers = course / "answers"
@@ -418,8 +542,8 @@ def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path,
     for _ in range(2):  # once more only if the kernel could not start (a port taken meanwhile)
         shutil.rmtree(answers, ignore_errors=True)
         answers.mkdir()
-        problem = _autograde(course, submission.assignment, submission.student, notebook_timeout, memory_bytes,
-                             answers, seed)
+        problem = _autograde(course, submission.assignment, submission.folder, notebook_timeout, memory_bytes,
+                             answers, seed, sandbox)
         if "could not start" not in problem:
             break
     if problem:
@@ -428,8 +552,8 @@ def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path,
     submission.review = [f"task {number} uses {', '.join(names)}" for number, names in
                          _giveaways(notebook, key).items()]
     shutil.rmtree(answers, ignore_errors=True)
-    graded = course / "autograded" / submission.student / submission.assignment / f"{submission.assignment}.ipynb"
-    _write_feedback(out / "feedback" / submission.student / f"{submission.assignment}.html",
+    graded = course / "autograded" / submission.folder / submission.assignment / f"{submission.assignment}.ipynb"
+    _write_feedback(out / "feedback" / submission.folder / f"{submission.assignment}.html",
                     graded if graded.exists() else target, submission, key, hidden_tests_in_feedback)
 
 
@@ -470,7 +594,7 @@ def _kernel_scores(course: Path, submission: Submission) -> dict:
     try:
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
             notebook = gradebook.find_submission_notebook(submission.assignment, submission.assignment,
-                                                          submission.student)
+                                                          submission.folder)
             return {int(re.findall(r"\d+", grade.name)[0]): float(grade.auto_score or 0)
                     for grade in notebook.grades if grade.name.endswith("_check")}
     except Exception:  # no gradebook or no entry (autograding did not finish): no points
@@ -494,6 +618,7 @@ def _write_feedback(target: Path, graded: Path, submission: Submission, key: Ans
     """nbgrader's feedback page, with the points decided by :func:`_score` and a comment per answer."""
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+    from nbconvert.preprocessors.sanitize import SanitizeHTML
     from nbgrader.preprocessors import ClearHiddenTests
 
     with warnings.catch_warnings():
@@ -516,6 +641,8 @@ def _write_feedback(target: Path, graded: Path, submission: Submission, key: Ans
                               "late_penalty": 0}}
     if not hidden_tests_in_feedback:
         notebook, resources = ClearHiddenTests().preprocess(notebook, resources)
+    # a learner's Markdown and outputs are shown as text, never run (<script>, onerror=, ...)
+    notebook, resources = SanitizeHTML().preprocess(notebook, resources)
     base = Path(__import__("nbgrader").__file__).parent / "server_extensions" / "formgrader"
     exporter = HTMLExporter(template_name="feedback", extra_template_basedirs=[str(base / "templates")],
                             extra_template_paths=[str(base / "static" / "node_modules" / "bootstrap" / "dist" / "css")])
@@ -523,6 +650,11 @@ def _write_feedback(target: Path, graded: Path, submission: Submission, key: Ans
     page, _ = exporter.from_notebook_node(notebook, resources=resources)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(page, encoding="utf-8")
+
+
+def spreadsheet_safe(text: str) -> str:
+    """A CSV cell that no spreadsheet runs as a formula: a leading ``= + - @``, tab or return is quoted."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 def _write_grades(out: Path, found: list[Submission], keys: dict) -> None:
@@ -534,9 +666,10 @@ def _write_grades(out: Path, found: list[Submission], keys: dict) -> None:
         for submission in sorted(found, key=lambda s: (s.student, s.assignment or "", str(s.path))):
             row = [submission.scores.get(number, 0.0) for number in numbers]
             maximum = f"{keys[submission.assignment].max_total:g}" if submission.assignment else ""
-            writer.writerow([submission.student, submission.assignment or "", *[f"{v:g}" for v in row],
-                             f"{sum(row):g}", maximum, submission.status, "; ".join(submission.review),
-                             submission.path.name])
+            writer.writerow([spreadsheet_safe(submission.student), submission.assignment or "",
+                             *[f"{v:g}" for v in row], f"{sum(row):g}", maximum,
+                             spreadsheet_safe(submission.status), spreadsheet_safe("; ".join(submission.review)),
+                             spreadsheet_safe(submission.path.name)])
 
 
 def _print_summary(found: list[Submission]) -> None:
@@ -566,13 +699,16 @@ def main(argv=None) -> int:
     parser.add_argument("--memory-limit", type=float, default=4.0, help="GiB per submission (default 4)")
     parser.add_argument("--jobs", type=int, default=DEFAULT_JOBS,
                         help=f"submissions graded at the same time (default {DEFAULT_JOBS}: the CPUs, at most 4)")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run the learners' code without the operating-system sandbox (not recommended)")
     parser.add_argument("--hidden-tests-in-feedback", action="store_true",
                         help="keep the hidden tests in the feedback HTML (by default they are removed)")
     arguments = parser.parse_args(argv)
     try:
         grade(arguments.submissions, arguments.out, arguments.solutions, arguments.cell_timeout,
               arguments.notebook_timeout, arguments.memory_limit,
-              hidden_tests_in_feedback=arguments.hidden_tests_in_feedback, jobs=arguments.jobs)
+              hidden_tests_in_feedback=arguments.hidden_tests_in_feedback, jobs=arguments.jobs,
+              sandbox=not arguments.no_sandbox)
     except ValueError as error:
         parser.error(str(error))
     print(f"grades: {arguments.out / 'grades.csv'}; feedback: {arguments.out / 'feedback'}")
