@@ -22,7 +22,7 @@ NO_BROWSER := $(if $(or $(DISPLAY),$(WAYLAND_DISPLAY),$(filter Darwin,$(shell un
 # containers and Colab-like machines run as root, which JupyterLab refuses unless told
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: install install-lab lab instructor-lab lint test test-fast test-lower-bounds course notebooks exercises benchmark clean
+.PHONY: install install-lab lab instructor-lab lint test test-fast test-lower-bounds site course notebooks exercises benchmark clean
 
 install: $(STAMP)
 install-lab: $(LAB_STAMP)
@@ -41,7 +41,7 @@ $(LAB_STAMP): pyproject.toml
 
 $(STAMP): pyproject.toml
 	$(INSTALL_TORCH)
-	$(BIN)/python -m pip install -e ".[lab,dev,grading]"
+	$(BIN)/python -m pip install -e ".[lab,dev,grading,site]"
 	@touch $@ $(LAB_STAMP)
 
 lab: $(LAB_STAMP)
@@ -78,6 +78,11 @@ test-lower-bounds:
 # while working: the package's tests without the slow ones (no notebooks, no grading runs)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests -m "not slow" -q
+
+# The course as a static website in build/site (open build/site/index.html): the chapters with their
+# stored outputs, search, the notation card, the references and the list of exercises.
+site: $(STAMP)
+	$(BIN)/python site/build.py
 
 # Execute every chapter top to bottom and write HTML pages to build/.
 course: $(STAMP)
