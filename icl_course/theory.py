@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .data import NoiseLike, as_noise, context_gram
+from .models import next_gram
 
 __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
            "preconditioned_one_step_loss", "one_layer_bilinear_form", "ImplicitLinearModel",
@@ -28,7 +29,7 @@ def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> floa
         c* = 1 / (n + d + 1 + E[sigma^2]).
 
     In GD terms ``c = eta / n``: the noiseless optimum is ``eta* = n / (n + d + 1)``
-    (Mahankali et al. 2023, seed 004; COURSE.md chapter 2).
+    (Mahankali, Hashimoto, Ma 2023; chapter 2).
     """
     return 1.0 / (n + d + 1 + as_noise(noise).second_moment)
 
@@ -61,7 +62,7 @@ def optimal_preconditioner(covariance, n: int, noise: NoiseLike = 0.0, weights: 
     minimising the quadratic loss in ``B`` gives, with ``s2 = E[sigma^2]``:
 
     * ``weights="inverse"``, ``w ~ N(0, S^-1)``: ``B* = S^-1 / (n + d + 1 + s2)``, a multiple of ``S^-1``
-      (seed 004, last section; the problem is isotropic in whitened coordinates);
+      (Mahankali, Hashimoto, Ma 2023, last section; the problem is isotropic in whitened coordinates);
     * ``weights="identity"``, ``w ~ N(0, I)``: ``B* = ((n + 1) S + (tr S + s2) I)^-1``, which is *not*
       a multiple of ``S^-1`` unless ``S`` is.
 
@@ -122,7 +123,7 @@ def one_layer_bilinear_form(layer) -> dict:
 
 @dataclass
 class ImplicitLinearModel:
-    """Every layer's implicit linear model (seed 002, Theorem 4.1 and Lemma 4.3).
+    """Every layer's implicit linear model (Vladymyrov et al. 2024, Theorem 4.1 and Lemma 4.3).
 
     After layer ``l`` every context token is ``x_i^l = M x_i + y_i u`` and ``y_i^l = a y_i - <w, x_i>``,
     and the query is ``x_t^l = M x_t``, ``y_t^l = -<w, x_t>``: the prediction is ``<w^L, x_t>``.
@@ -138,33 +139,35 @@ class ImplicitLinearModel:
 
 def implicit_model_step(M: torch.Tensor, u: torch.Tensor, a: torch.Tensor, w: torch.Tensor,
                         mixing: torch.Tensor) -> tuple:
-    """One layer of the recursion of Theorem 4.1 (seed 002); see :func:`implicit_linear_model`.
+    """One layer of the recursion of Theorem 4.1 (Vladymyrov et al. 2024); see :func:`implicit_linear_model`.
 
-    With ``[[A, b], [c^T, d]] = mixing``, all four updated from the old values:
-    ``M <- (I + A) M - b w^T``, ``u <- (I + A) u + a b``, ``a <- (1 + d) a + <c, u>``,
-    ``w <- (1 + d) w - M^T c``.
+    With ``mixing = T = [[T_xx, t_xy], [t_yx^T, t_yy]]`` (the paper's blocks ``A, b, c, d``), all four
+    updated from the old values: ``M <- (I + T_xx) M - t_xy w^T``, ``u <- (I + T_xx) u + a t_xy``,
+    ``a <- (1 + t_yy) a + <t_yx, u>``, ``w <- (1 + t_yy) w - M^T t_yx``.
     Shapes: ``M`` (B, d, d), ``u`` (B, d), ``a`` (B,), ``w`` (B, d), ``mixing`` (B, d+1, d+1) ->
     the new ``(M, u, a, w)`` with the same shapes.
     """
     d = M.shape[-1]
-    A, b, c, last = mixing[..., :d, :d], mixing[..., :d, d], mixing[..., d, :d], mixing[..., d, d]
-    return (M + A @ M - b.unsqueeze(-1) * w.unsqueeze(-2),
-            u + (A @ u.unsqueeze(-1)).squeeze(-1) + a.unsqueeze(-1) * b,
-            (1 + last) * a + (c * u).sum(-1),
-            (1 + last).unsqueeze(-1) * w - (M.transpose(-1, -2) @ c.unsqueeze(-1)).squeeze(-1))
+    T_xx, t_xy, t_yx, t_yy = mixing[..., :d, :d], mixing[..., :d, d], mixing[..., d, :d], mixing[..., d, d]
+    return (M + T_xx @ M - t_xy.unsqueeze(-1) * w.unsqueeze(-2),
+            u + (T_xx @ u.unsqueeze(-1)).squeeze(-1) + a.unsqueeze(-1) * t_xy,
+            (1 + t_yy) * a + (t_yx * u).sum(-1),
+            (1 + t_yy).unsqueeze(-1) * w - (M.transpose(-1, -2) @ t_yx.unsqueeze(-1)).squeeze(-1))
 
 
 def implicit_linear_model(model, X: torch.Tensor, y: torch.Tensor) -> ImplicitLinearModel:
-    """Run the recursion of Theorem 4.1 (seed 002) through every layer of ``model``.
+    """Run the recursion of Theorem 4.1 (Vladymyrov et al. 2024) through every layer of ``model``.
 
-    With ``[[A, b], [c^T, d]] = sum_k P_k G^l Q_k`` for the layer's context Gram matrix ``G^l``,
-    all four are updated from their old values (:func:`implicit_model_step`):
+    With ``T^l = sum_k P_k G^l Q_k = [[T_xx, t_xy], [t_yx^T, t_yy]]`` for the layer's context Gram
+    matrix ``G^l`` (the paper names the blocks ``A, b, c, d``), all four are updated from their old
+    values (:func:`implicit_model_step`):
 
-        M <- (I + A) M - b w^T,    u <- (I + A) u + a b,
-        a <- (1 + d) a + <c, u>,    w <- (1 + d) w - M^T c,
+        M <- (I + T_xx) M - t_xy w^T,    u <- (I + T_xx) u + a t_xy,
+        a <- (1 + t_yy) a + <t_yx, u>,    w <- (1 + t_yy) w - M^T t_yx,
 
-    from ``M = I, u = 0, a = 1, w = 0``.  Expanding ``x' = (I + A)(M x + y u) + b (a y - <w, x>)``
-    gives the minus sign in the ``M`` update; seed 002 prints ``+ b w^T``, a typo.
+    from ``M = I, u = 0, a = 1, w = 0``.  Expanding
+    ``x' = (I + T_xx)(M x + y u) + t_xy (a y - <w, x>)`` gives the minus sign in the ``M`` update;
+    the paper prints ``+ b w^T``, a misprint.
 
     Shapes: ``X`` (B, n, d), ``y`` (B, n) -> :class:`ImplicitLinearModel`.  Works for every
     parameterisation and number of heads, since it only needs each layer's ``mixing``.
@@ -181,13 +184,12 @@ def implicit_linear_model(model, X: torch.Tensor, y: torch.Tensor) -> ImplicitLi
         mixing = layer.mixing(gram)
         state = implicit_model_step(*state, mixing)
         history.append(state)
-        moved = gram + mixing @ gram
-        gram = moved + moved @ mixing.transpose(-1, -2)
+        gram = next_gram(gram, mixing)
     M, u, a, w = (torch.stack(values, dim=1) for values in zip(*history))
     return ImplicitLinearModel(M=M, u=u, a=a, w=w)
 
 def gdpp_spectrum(eigenvalues: torch.Tensor, num_layers: int, gamma=None) -> torch.Tensor:
-    """The eigenvalues of ``Sigma^l`` through ``num_layers`` GD++ layers (seed 002, section 5.1).
+    """The eigenvalues of ``Sigma^l`` through ``num_layers`` GD++ layers (Vladymyrov et al. 2024, section 5.1).
 
     A GD++ layer moves every ``x_i`` by ``I - gamma Sigma`` (``gamma = -w_xx``), so
     ``Sigma <- (I - gamma Sigma) Sigma (I - gamma Sigma)`` and each eigenvalue maps to
@@ -214,7 +216,7 @@ def condition_number(eigenvalues: torch.Tensor) -> torch.Tensor:
 
 def gdpp_layers_needed(kappa: float, eps: float) -> int:
     """GD++ layers (``gamma = 1/(3 lambda_max)``) until the condition number is at most ``1 + eps``,
-    plus the final GD step that then solves the problem (Theorem 5.1, seed 002)."""
+    plus the final GD step that then solves the problem (Theorem 5.1, Vladymyrov et al. 2024)."""
     if not kappa >= 1 or not 0 < eps:
         raise ValueError(f"need kappa >= 1 and eps > 0, got kappa={kappa}, eps={eps}")
     spectrum = torch.tensor([1.0, float(kappa)], dtype=torch.float64)
@@ -225,8 +227,8 @@ def gdpp_layers_needed(kappa: float, eps: float) -> int:
     return layers + 1
 
 
-def two_noise_construction(n: int, sigma_1: float, sigma_2: float) -> dict:
-    """The two-layer weights of Theorem 5.2 (seed 002) that reach ridge for two noise levels.
+def two_noise_construction(n: int, sigma_1: float, sigma_2: float) -> list[dict]:
+    """The two-layer weights of Theorem 5.2 (Vladymyrov et al. 2024) that reach ridge for two noise levels.
 
     Layer 1 has only ``w_yx`` (a GD step), layer 2 only ``w_yy`` (it rescales every label, the
     query's too, by ``1 + w_yy lambda^1``).  With ``x ~ N(0, I/n)``, ``Sigma -> I`` and
@@ -250,7 +252,7 @@ def best_linear_cosine(X: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
     Fed linear labels, every layer's context labels are ``X (a w_* - w)`` (Theorem 4.1), so this
     bounds how well they can correlate with a nonlinear target such as ``x_i(1)^2`` (Theorem 4.2,
-    seed 002).  Shapes: ``X`` (B, n, d), ``target`` (B, n) -> (B,).
+    Vladymyrov et al. 2024).  Shapes: ``X`` (B, n, d), ``target`` (B, n) -> (B,).
     """
     if X.dim() != 3 or target.shape != X.shape[:2]:
         raise ValueError(f"expected X (B, n, d) and target (B, n); got {tuple(X.shape)} and {tuple(target.shape)}")
