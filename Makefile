@@ -93,6 +93,7 @@ course: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.record_timing=False \
 		chapters/*.ipynb $(wildcard solutions/*.ipynb)
+	$(BIN)/python tests/strip_volatile.py chapters/*.ipynb $(wildcard solutions/*.ipynb)
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/train_throughput.py

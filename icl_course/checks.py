@@ -35,10 +35,10 @@ from typing import Any, Callable
 
 import torch
 
+from . import theory
 from .baselines import gradient_descent, newton_inverse
 from .data import RegressionTasks
 from .models import LinearSelfAttention, gd_construction
-from . import theory
 
 __all__ = ["Case", "Check", "CheckFailed", "SelfCheckFailed", "CHECKS", "self_check", "record", "verify_recorded",
            "recorded_names", "giveaways_used", "ANSWERS_VARIABLE", "SEED_VARIABLE"]
@@ -137,6 +137,10 @@ def _pair(value, what: str) -> tuple:
     return tuple(value)
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _kind(value) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
@@ -211,7 +215,11 @@ def _verify_gd_matrices(case: Case, output) -> None:
     with torch.no_grad():
         after = LinearSelfAttention.from_matrices(P, Q)(batch.tokens)
     w_1 = gradient_descent(batch.X, batch.y, eta, 1)[:, 1]
-    if not _close(-after[:, -1, -1], (w_1 * batch.x_t).sum(-1)):
+    gd_prediction = (w_1 * batch.x_t).sum(-1)
+    if _close(after[:, -1, -1], gd_prediction):
+        _fail(f"for d={d}, n={n}, eta={eta:g}: the sign is flipped: the query's last coordinate must become "
+              "-<w_1, x_t> (the prediction is minus it), so P's corner is -eta/n, not +eta/n")
+    if not _close(-after[:, -1, -1], gd_prediction):
         _fail(f"for d={d}, n={n}, eta={eta:g}: the query's prediction is not that of one GD step")
     residuals = batch.y - torch.einsum("bnd,bd->bn", batch.X, w_1)
     if not _close(after[:, :-1, -1], residuals):
@@ -228,9 +236,13 @@ def _verify_transformer_prediction(case: Case, output) -> None:
     batch, eta, num_layers = case.context["batch"], case.context["eta"], case.arguments["num_layers"]
     prediction = _tensor(output, (batch.X.shape[0],), "transformer_prediction (one prediction per task)")
     w_L = gradient_descent(batch.X, batch.y, eta, num_layers)[:, -1]
-    if not _close(prediction, (w_L * batch.x_t).sum(-1)):
-        _fail(f"with the GD weights, {num_layers} layers should predict what {num_layers} GD steps predict "
-              f"({case.label})")
+    expected = (w_L * batch.x_t).sum(-1)
+    layers, steps = _plural(num_layers, "layer"), _plural(num_layers, "GD step")
+    if _close(prediction, -expected):
+        _fail(f"the sign is flipped ({case.label}): the prediction is minus the query's last coordinate, "
+              f"y_hat = -e_t[-1], after the {layers}")
+    if not _close(prediction, expected):
+        _fail(f"with the GD weights, {layers} should give the prediction of {steps} ({case.label})")
 
 
 def _best_step_size_reference(d: int, n: int, num_tasks: int, seed: int) -> float:
@@ -325,7 +337,7 @@ def _verify_fourth_moment_monte_carlo(case: Case, output) -> None:
 
 
 def _verify_optimal_coefficient(case: Case, output) -> None:
-    n, d, second_moment = (case.arguments[key] for key in ("n", "d", "second_moment"))
+    d, n, second_moment = (case.arguments[key] for key in ("d", "n", "second_moment"))
     c = _number(output, "optimal_coefficient")
     best = theory.optimal_one_step_coefficient(d, n, math.sqrt(second_moment))
     if abs(c - best) > 1e-9 * best:
@@ -334,7 +346,7 @@ def _verify_optimal_coefficient(case: Case, output) -> None:
 
 
 def _verify_one_step_loss(case: Case, output) -> None:
-    n, d, second_moment, c = (case.arguments[key] for key in ("n", "d", "second_moment", "c"))
+    d, n, second_moment, c = (case.arguments[key] for key in ("d", "n", "second_moment", "c"))
     value = _number(output, "one_step_loss")
     expected = theory.one_step_loss(d, n, math.sqrt(second_moment), c)
     if abs(value - expected) > 1e-9 * (1 + abs(expected)):
@@ -368,6 +380,10 @@ def _verify_optimal_preconditioner(case: Case, output) -> None:
     sigma = math.sqrt(second_moment)
     best = theory.preconditioned_one_step_loss(theory.optimal_preconditioner(S, n, sigma), S, n, sigma)
     loss = theory.preconditioned_one_step_loss(B, S, n, sigma)
+    other_prior = theory.optimal_preconditioner(S, n, sigma, weights="inverse")
+    if loss > best + 1e-9 * (1 + abs(best)) and _close(B, other_prior):
+        _fail(f"for d={d}, n={n}, second_moment={second_moment:g}: that is the best B when w ~ N(0, S^-1), a "
+              "multiple of S^-1; here w ~ N(0, I), and the answer is ((n + 1) S + (tr S + E[sigma^2]) I)^-1")
     if loss > best + 1e-9 * (1 + abs(best)):
         _fail(f"for d={d}, n={n}, second_moment={second_moment:g}: your B has loss {loss:.8g}, the best B has "
               f"{best:.8g}")
@@ -381,11 +397,11 @@ def _chapter_2() -> list[Check]:
         return [Case(dict(d=rng.randint(2, 13), num_samples=200_000, seed=rng.getrandbits(31))) for _ in range(3)]
 
     def coefficient_draw(rng):
-        return [Case(dict(n=rng.randint(2, 40), d=rng.randint(1, 15), second_moment=round(rng.uniform(0, 4), 4)))
+        return [Case(dict(d=rng.randint(1, 15), n=rng.randint(2, 40), second_moment=round(rng.uniform(0, 4), 4)))
                 for _ in range(4)]
 
     def loss_draw(rng):
-        return [Case(dict(n=rng.randint(2, 30), d=rng.randint(1, 12), second_moment=round(rng.uniform(0, 9), 4),
+        return [Case(dict(d=rng.randint(1, 12), n=rng.randint(2, 30), second_moment=round(rng.uniform(0, 9), 4),
                           c=round(rng.uniform(0, 0.2), 5))) for _ in range(4)]
 
     def preconditioner_draw(rng):
@@ -398,10 +414,11 @@ def _chapter_2() -> list[Check]:
         Check(2, 1, "fourth_moment_monte_carlo", lambda: [Case(dict(d=4, num_samples=200_000, seed=0))],
               monte_carlo_draw, _verify_fourth_moment_monte_carlo, giveaways=("theory",)),
         Check(2, 2, "optimal_coefficient",
-              lambda: [Case(dict(n=20, d=10, second_moment=0.0)), Case(dict(n=20, d=10, second_moment=3.0))],
+              lambda: [Case(dict(d=10, n=20, second_moment=0.0)), Case(dict(d=10, n=20, second_moment=3.0))],
               coefficient_draw, _verify_optimal_coefficient, giveaways=("theory", "optimal_one_step_coefficient")),
         Check(2, 3, "one_step_loss",
-              lambda: [Case(dict(n=20, d=10, second_moment=1.0, c=0.03)), Case(dict(n=8, d=3, second_moment=0.0, c=0.2))],
+              lambda: [Case(dict(d=10, n=20, second_moment=1.0, c=0.03)),
+                       Case(dict(d=3, n=8, second_moment=0.0, c=0.2))],
               loss_draw, _verify_one_step_loss, giveaways=("theory",)),
         Check(2, 4, "bilinear_B", lambda: [_bilinear_case(3, torch.Generator().manual_seed(0))],
               lambda rng: [_bilinear_case(rng.randint(1, 6), _generator(rng)) for _ in range(3)],
@@ -433,7 +450,8 @@ def _verify_implicit_step(case: Case, output) -> None:
         d = M.shape[-1]
         misprint = reference + 2 * mixing[:, :d, d].unsqueeze(-1) * w.unsqueeze(-2) if name == "M" else None
         if misprint is not None and _close(got, misprint, 1e-10):
-            _fail(f"for {case.label}: M has the paper's misprinted + b w^T; expand (I + A)(M x + y u) + b (a y - <w, x>)")
+            _fail(f"for {case.label}: M has the paper's misprinted + b w^T (+ t_xy w^T here); expand "
+                  "(I + T_xx)(M x + y u) + t_xy (a y - <w, x>)")
         _fail(f"for {case.label}: the new {name} is wrong (update all four from the old values)")
 
 
@@ -478,7 +496,8 @@ def _verify_newton_iterates(case: Case, output) -> None:
 
 def _chapter_3() -> list[Check]:
     def gdpp_draw(rng):
-        return [Case(dict(kappa=float(10 ** rng.uniform(0.5, 6)), eps=float(10 ** -rng.uniform(1, 12)))) for _ in range(4)]
+        return [Case(dict(kappa=float(10 ** rng.uniform(0.5, 6)), eps=float(10 ** -rng.uniform(1, 12))))
+                for _ in range(4)]
 
     return [
         Check(3, 1, "implicit_step", lambda: [_implicit_case(3, 4, torch.Generator().manual_seed(0))],

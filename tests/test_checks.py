@@ -6,11 +6,10 @@ import os
 import re
 
 import nbformat
-
 import pytest
 import torch
-
 from conftest import ROOT
+
 from icl_course import checks
 
 
@@ -58,21 +57,26 @@ def test_grading_inputs_are_fresh_per_seed_and_reproducible():
 
 MISTAKES = {
     "merged_form": (lambda W_K, W_Q, W_V, W_P: (W_K.T @ W_Q, W_P @ W_V), "moves tokens differently"),
-    "linear_attention": (lambda tokens, P, Q: tokens + tokens @ (P @ tokens.transpose(1, 2) @ tokens @ Q).transpose(1, 2),
-                         "not the query"),
-    "transformer_prediction": (lambda tokens, P, Q, num_layers: tokens[:, -1, -1], "GD steps"),
+    "linear_attention": (
+        lambda tokens, P, Q: tokens + tokens @ (P @ tokens.transpose(1, 2) @ tokens @ Q).transpose(1, 2),
+        "not the query"),
+    "transformer_prediction": (lambda tokens, P, Q, num_layers: tokens[:, -1, -1], "the prediction of 1 GD step "),
     "best_step_size": (lambda d, n, num_tasks=20_000, seed=0: n / (n + d + 1), "smallest mean loss"),
     "fourth_moment": (lambda d: d * d, "E||x||^4"),
-    "optimal_coefficient": (lambda n, d, second_moment=0.0: 1 / (n + d + 1), "minimiser"),
-    "one_step_loss": (lambda n, d, second_moment, c: 0.5 * d * (1 - 2 * c * n + c**2 * n * (n + d + 1)), "closed form"),
+    "optimal_coefficient": (lambda d, n, second_moment=0.0: 1 / (n + d + 1), "minimiser"),
+    "one_step_loss": (lambda d, n, second_moment, c: 0.5 * d * (1 - 2 * c * n + c**2 * n * (n + d + 1)),
+                      "closed form"),
     "bilinear_B": (lambda P, Q: -(P[-1, -1] * Q[:-1, :-1] + torch.outer(P[-1, :-1], Q[-1, :-1])), "B is wrong"),
-    "optimal_preconditioner": (lambda S, n, second_moment=0.0: torch.linalg.inv(S) / (n + S.shape[0] + 1 + second_moment),
-                               "the best B has"),
+    "optimal_preconditioner": (
+        lambda S, n, second_moment=0.0: torch.linalg.inv(S) / (n + S.shape[0] + 1 + second_moment),
+        "the best B when w ~ N\\(0, S\\^-1\\)"),
     "gdpp_layers": (lambda kappa, eps: checks.theory.gdpp_layers_needed(kappa, eps) - 1, "are needed"),
-    "best_cosine": (lambda X, target: (X[..., 0] * target).sum(-1).abs() / (X[..., 0].norm(dim=-1) * target.norm(dim=-1)),
-                    "projection"),
-    "newton_iterates": (lambda S, num_steps: torch.stack([torch.eye(S.shape[0], dtype=S.dtype) / torch.trace(S)] * (num_steps + 1)),
-                        "start from"),
+    "best_cosine": (
+        lambda X, target: (X[..., 0] * target).sum(-1).abs() / (X[..., 0].norm(dim=-1) * target.norm(dim=-1)),
+        "projection"),
+    "newton_iterates": (
+        lambda S, num_steps: torch.stack([torch.eye(S.shape[0], dtype=S.dtype) / torch.trace(S)] * (num_steps + 1)),
+        "start from"),
 }
 
 
@@ -96,7 +100,7 @@ def test_gd_matrices_with_the_wrong_sign_and_a_fake_monte_carlo_fail():
         P = torch.zeros(d + 1, d + 1, dtype=torch.float64)
         P[d, d] = eta / n
         return P, torch.eye(d + 1, dtype=torch.float64)
-    with pytest.raises(checks.CheckFailed, match="one GD step"):
+    with pytest.raises(checks.CheckFailed, match="the sign is flipped"):
         run("gd_matrices", ascent, seed=0)
     with pytest.raises(checks.CheckFailed, match="standard error"):
         run("fourth_moment_monte_carlo", lambda d, num_samples=200_000, seed=0: (float(d * (d + 2)), 0.01), seed=0)
@@ -114,9 +118,9 @@ def test_outputs_of_the_wrong_kind_are_named():
 
 
 def test_self_check_reports_the_function_and_the_reason(capsys):
-    with pytest.raises(AssertionError, match="^optimal_coefficient: for n=20, d=10"):
-        checks.self_check("optimal_coefficient", lambda n, d, second_moment=0.0: 0.1)
-    checks.self_check("optimal_coefficient", lambda n, d, second_moment=0.0: 1 / (n + d + 1 + second_moment))
+    with pytest.raises(AssertionError, match="^optimal_coefficient: for d=10, n=20"):
+        checks.self_check("optimal_coefficient", lambda d, n, second_moment=0.0: 0.1)
+    checks.self_check("optimal_coefficient", lambda d, n, second_moment=0.0: 1 / (n + d + 1 + second_moment))
     assert re.fullmatch(r"optimal_coefficient: passed \(\d+ cases\)\n", capsys.readouterr().out)
     with pytest.raises(KeyError, match="no check named 'merged'"):
         checks.self_check("merged", print)
@@ -149,9 +153,10 @@ def grading(tmp_path, monkeypatch):
 
 def test_record_then_verify_in_another_place(grading, answers):
     checks.record("one_step_loss", answers["one_step_loss"])
-    checks.record("optimal_coefficient", lambda n, d, second_moment=0.0: 0.5)
+    checks.record("optimal_coefficient", lambda d, n, second_moment=0.0: 0.5)
     checks.record("bilinear_B", lambda P, Q: 1 / 0)
-    verdicts = checks.verify_recorded(["one_step_loss", "optimal_coefficient", "bilinear_B", "gd_matrices"], grading, 11)
+    verdicts = checks.verify_recorded(["one_step_loss", "optimal_coefficient", "bilinear_B", "gd_matrices"],
+                                      grading, 11)
     assert verdicts["one_step_loss"] == ""
     assert "c = 0.5" in verdicts["optimal_coefficient"]
     assert "raised ZeroDivisionError" in verdicts["bilinear_B"]
@@ -193,9 +198,37 @@ def test_portable_outputs_are_plain():
 def test_giveaways_are_found_in_code_not_in_the_answers_own_names():
     source = ("from icl_course.models import LinearSelfAttention as L\n"
               "def linear_attention(tokens, P, Q):\n    return L.from_matrices(P, Q)(tokens)\n")
-    assert checks.giveaways_used(source, ("LinearSelfAttention", "from_matrices")) == ["LinearSelfAttention", "from_matrices"]
+    names = ("LinearSelfAttention", "from_matrices")
+    assert checks.giveaways_used(source, names) == ["LinearSelfAttention", "from_matrices"]
     assert checks.giveaways_used("def one_step_loss(n, d):\n    return theory.one_step_loss(d, n)\n",
                                  ("theory", "one_step_loss")) == ["theory"]
     assert checks.giveaways_used("def f(x):\n    return 2 * x\n", ("theory",)) == []
     assert checks.giveaways_used("def f(:\n  theory", ("theory",)) == ["theory"]  # not Python: by word
     assert checks.recorded_names('checks.record("a", a)\nchecks.record( \'b\', b)') == ["a", "b"]
+
+
+def test_the_likely_mistakes_are_named(answers):
+    def flipped_matrices(d, n, eta):
+        P, Q = answers["gd_matrices"](d, n, eta)
+        return -P, Q
+    with pytest.raises(checks.CheckFailed, match="the sign is flipped"):
+        run("gd_matrices", flipped_matrices, seed=0)
+
+    def flipped_prediction(tokens, P, Q, num_layers):
+        return -answers["transformer_prediction"](tokens, P, Q, num_layers)
+    with pytest.raises(checks.CheckFailed, match="the sign is flipped"):
+        run("transformer_prediction", flipped_prediction, seed=0)
+
+    def other_prior(S, n, second_moment):
+        return torch.linalg.inv(S) / (n + S.shape[0] + 1 + second_moment)
+    with pytest.raises(checks.CheckFailed, match="best B when w ~ N\\(0, S\\^-1\\)"):
+        run("optimal_preconditioner", other_prior, seed=0)
+
+
+def test_messages_count_layers_in_good_english():
+    case = checks.CHECKS["transformer_prediction"].examples()[0]
+    assert case.arguments["num_layers"] == 1
+    with pytest.raises(checks.CheckFailed) as failure:
+        checks.CHECKS["transformer_prediction"].verify(case, torch.zeros(case.arguments["tokens"].shape[0],
+                                                                         dtype=torch.float64))
+    assert "1 layer should give the prediction of 1 GD step " in str(failure.value)

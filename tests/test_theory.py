@@ -30,7 +30,8 @@ def test_isotropic_preconditioner_is_the_one_step_coefficient():
     for weights in ("identity", "inverse"):
         B = theory.optimal_preconditioner(eye, 12, 1.5, weights)
         assert torch.allclose(B, theory.optimal_one_step_coefficient(4, 12, 1.5) * eye)
-        assert theory.preconditioned_one_step_loss(B, eye, 12, 1.5, weights) == pytest.approx(theory.one_step_loss(4, 12, 1.5))
+        loss = theory.preconditioned_one_step_loss(B, eye, 12, 1.5, weights)
+        assert loss == pytest.approx(theory.one_step_loss(4, 12, 1.5))
 
 
 def test_identity_prior_is_not_a_multiple_of_the_inverse_covariance():
@@ -67,7 +68,8 @@ def test_bad_arguments():
 
 def test_weight_mean_shifts_the_weights():
     tasks = RegressionTasks(3, 5, weight_mean=[1.0, -2.0, 0.5], dtype=torch.float64, device="cpu")
-    assert torch.allclose(tasks.sample(50_000, seed=0).w.mean(0), torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64), atol=0.03)
+    mean = tasks.sample(50_000, seed=0).w.mean(0)
+    assert torch.allclose(mean, torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64), atol=0.03)
     with pytest.raises(ValueError, match=r"weight_mean must have shape \(3,\)"):
         RegressionTasks(3, 5, weight_mean=[1.0, 2.0])
 
@@ -128,7 +130,8 @@ def test_a_gdpp_layer_maps_each_eigenvalue_to_lambda_times_one_minus_gamma_lambd
     batch = float64_tasks(d=4, n=12).sample(3, seed=6)
     Sigma = batch.X.transpose(1, 2) @ batch.X
     gamma = 0.02
-    model = LinearTransformer(4, num_layers=1, parameterization="gdpp", init_scale=0.0, dtype=torch.float64, device="cpu")
+    model = LinearTransformer(4, num_layers=1, parameterization="gdpp", init_scale=0.0, dtype=torch.float64,
+                              device="cpu")
     with torch.no_grad():
         model.layers[0].p.copy_(torch.tensor([[1.0, 0.0]], dtype=torch.float64))
         model.layers[0].q.copy_(torch.tensor([[-gamma]], dtype=torch.float64))
@@ -160,9 +163,11 @@ def test_a_w_xy_layer_turns_the_next_step_into_minus_w_yx_times_one_plus_w_xy_la
     w_xy, w_yx = -0.01, -0.3
     model = diagonal_construction(4, [{"w_xy": w_xy}, {"w_yx": w_yx}])
     step = -w_yx * (1 + w_xy * batch.label_energy)          # smaller steps for noisier (larger lambda) tasks
-    torch.testing.assert_close(model(batch).prediction, step * (batch.alpha * batch.x_t).sum(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(model(batch).prediction, step * (batch.alpha * batch.x_t).sum(-1),
+                               rtol=1e-12, atol=1e-12)
     weights = model.layers[0].diagonal_weights()
-    assert {name: float(value.detach()) for name, value in weights.items()} == {"w_xx": 0.0, "w_xy": w_xy, "w_yx": 0.0, "w_yy": 0.0}
+    expected = {"w_xx": 0.0, "w_xy": w_xy, "w_yx": 0.0, "w_yy": 0.0}
+    assert {name: float(value.detach()) for name, value in weights.items()} == expected
 
 
 def test_theorem_5_2_two_layers_approach_ridge_for_two_noise_levels():
