@@ -102,7 +102,7 @@ def conjugate_gradient(X: torch.Tensor, y: torch.Tensor, num_steps: int) -> torc
     CG solves the normal equations ``Sigma w = alpha`` (``Sigma = X^T X / n``, ``alpha = X^T y / n``);
     its ``k``-th iterate minimises the loss over the Krylov space spanned by
     ``alpha, Sigma alpha, ..., Sigma^(k-1) alpha``, which holds every ``k``-step GD iterate, and after
-    ``d`` steps it is the least-squares solution (chapter 3; chapter 5 builds it from a Memformer).
+    ``d`` steps it is the least-squares solution (chapter 3).
     Shapes: ``X`` (B, n, d), ``y`` (B, n) -> (B, num_steps + 1, d), ``w_0 = 0`` first.  A task whose
     residual is exactly zero stays where it is.
     """

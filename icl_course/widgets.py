@@ -158,7 +158,7 @@ def step_size_explorer(n: int = 20, d: int = 10, sigma: float = 1.0):
 
 
 def show_gdpp_spectrum(kappa: float = 100.0, gamma_scale: float = 1.0, num_layers: int = 6, d: int = 20):
-    """GD++ preconditioning, layer by layer (chapter 3; seed 002, Theorem 5.1).
+    """GD++ preconditioning, layer by layer (chapter 3; Vladymyrov et al. 2024, Theorem 5.1).
 
     ``d`` eigenvalues spread geometrically over ``[1, kappa]``; every layer uses
     ``gamma = gamma_scale / (3 lambda_max)`` of its current spectrum (``gamma_scale = 1`` is the
