@@ -20,7 +20,8 @@ from .data import TaskBatch, check_context
 from .linalg import singular_mask
 from .runtime import check_count
 
-__all__ = ["gradient_descent", "tune_step_sizes", "conjugate_gradient", "newton_inverse"]
+__all__ = ["gradient_descent", "tune_step_sizes", "conjugate_gradient", "newton_inverse",
+           "momentum_descent", "tune_momentum"]
 
 
 def _step_sizes(eta, num_steps: int, like: torch.Tensor) -> torch.Tensor:
@@ -155,3 +156,60 @@ def newton_inverse(S: torch.Tensor, num_steps: int) -> torch.Tensor:
         M = M @ (2 * identity - S @ M)
         iterates.append(M)
     return torch.stack(iterates, dim=-3)
+
+
+def momentum_descent(X: torch.Tensor, y: torch.Tensor, eta, mu, num_steps: int,
+                     nesterov: bool = False) -> torch.Tensor:
+    """Iterates of heavy-ball momentum (or Nesterov's method) on the loss of :func:`gradient_descent`.
+
+    Heavy ball (Polyak): ``w_{k+1} = w_k - eta_k grad L(w_k) + mu_k (w_k - w_{k-1})``;
+    Nesterov: ``v_k = w_k + mu_k (w_k - w_{k-1})``, ``w_{k+1} = v_k - eta_k grad L(v_k)``;
+    ``w_{-1} = w_0 = 0``.  ``eta`` and ``mu`` are numbers or hold one value per step
+    (differentiable).  Shapes: ``X`` (B, n, d), ``y`` (B, n) -> (B, num_steps + 1, d), ``w_0`` first.
+    """
+    check_context(X, y)
+    check_count(num_steps, "num_steps", minimum=0)
+    n = X.shape[-2]
+    steps, momenta = _step_sizes(eta, num_steps, X), _step_sizes(mu, num_steps, X)
+    Sigma = X.transpose(-1, -2) @ X / n
+    alpha = (X.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1) / n
+    iterates = [torch.zeros_like(alpha)]
+    previous = iterates[0]
+    for step in range(num_steps):
+        w = iterates[-1]
+        velocity = momenta[step] * (w - previous)
+        point = w + velocity if nesterov else w
+        gradient = (Sigma @ point.unsqueeze(-1)).squeeze(-1) - alpha
+        previous = w
+        iterates.append(w + velocity - steps[step] * gradient)
+    return torch.stack(iterates, dim=1)
+
+
+def tune_momentum(batch: TaskBatch, num_steps: int, nesterov: bool = False) -> tuple[float, float]:
+    """One step size ``eta`` and one momentum ``mu`` (shared by all steps) for :func:`momentum_descent`.
+
+    They minimise the mean loss of the last iterate on ``batch`` (L-BFGS, float64, ``eta`` kept
+    positive and ``mu`` in (0, 1)), from ``eta = n / (n + d + 1)``, ``mu = 0.3``.  Tune on one
+    sample, score on another.  Returns ``(eta, mu)``.
+    """
+    batch = batch.to(dtype=torch.float64)
+    n, d = batch.n, batch.d
+    raw = torch.tensor([math.log(n / (n + d + 1)), math.log(0.3 / 0.7)], dtype=torch.float64,
+                       requires_grad=True)
+    optimizer = torch.optim.LBFGS([raw], max_iter=200, line_search_fn="strong_wolfe",
+                                  tolerance_grad=1e-12, tolerance_change=1e-14)
+
+    def mean_loss():
+        optimizer.zero_grad()
+        eta, mu = torch.exp(raw[0]), torch.sigmoid(raw[1])
+        error = momentum_descent(batch.X, batch.y, eta, mu, num_steps, nesterov)[:, -1] - batch.w
+        if batch.covariance is None:
+            loss = 0.5 * (error**2).sum(-1).mean()
+        else:
+            loss = 0.5 * ((error @ batch.covariance.to(error)) * error).sum(-1).mean()
+        loss.backward()
+        return loss
+
+    optimizer.step(mean_loss)
+    raw = raw.detach()
+    return float(torch.exp(raw[0])), float(torch.sigmoid(raw[1]))

@@ -1,0 +1,111 @@
+"""Memformers (Dutta et al. 2024) and the momentum baselines, in float64."""
+
+import pytest
+import torch
+
+from icl_course.data import RegressionTasks
+from icl_course.memformer import Memformer, cg_coefficients, momentum_coefficients
+from icl_course.optimizers import conjugate_gradient, gradient_descent, momentum_descent, tune_momentum
+from icl_course.train import train
+
+D_DIAG = torch.tensor([1.0, 1.0, 0.5, 0.25, 1.0], dtype=torch.float64)
+
+
+def _covariance(seed=0):
+    U, _ = torch.linalg.qr(torch.randn(5, 5, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
+    return U @ torch.diag(D_DIAG**2) @ U.T
+
+
+@pytest.fixture
+def batch():
+    return RegressionTasks(5, 20, covariance=_covariance(), dtype="float64", device="cpu").sample(64, seed=1)
+
+
+def test_gd_parameterisation_runs_preconditioned_gd(batch):
+    model = Memformer(5, 20, num_layers=3, attention="gd", memory="none", dtype="float64", init_scale=0.1)
+    out = model(batch)
+    w = torch.zeros(batch.num_tasks, 5, dtype=torch.float64)
+    Sigma, alpha = batch.Sigma / 20, batch.alpha / 20
+    for layer in range(3):
+        A = model.A[layer].sum(0).detach()
+        gradient = (Sigma @ w.unsqueeze(-1)).squeeze(-1) - alpha
+        w = w - gradient @ A.T
+        torch.testing.assert_close(out.layer_weights[:, layer], w, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out.layer_predictions, (out.layer_weights @ batch.x_t.unsqueeze(-1)).squeeze(-1))
+    eta = 0.7
+    gd_model = Memformer(5, 20, num_layers=3, attention="gd", memory="none", init_step=eta, dtype="float64")
+    torch.testing.assert_close(gd_model(batch).layer_weights,
+                               gradient_descent(batch.X, batch.y, eta, 3)[:, 1:], rtol=1e-12, atol=1e-12)
+
+
+def test_cgd_memformer_with_each_tasks_cg_coefficients_is_cg(batch):
+    model = Memformer(5, 20, num_layers=6, attention="identity", memory="cgd", dtype="float64")
+    a, beta = cg_coefficients(batch.X, batch.y, 6)
+    out = model(batch, alpha=a, gamma=beta)
+    cg = conjugate_gradient(batch.X, batch.y, 6)[:, 1:]
+    torch.testing.assert_close(out.layer_weights, cg, rtol=1e-9, atol=1e-10)
+    exact = torch.linalg.solve(batch.Sigma, batch.alpha)
+    torch.testing.assert_close(out.layer_weights[:, 4], exact, rtol=1e-8, atol=1e-8)  # d = 5 steps
+    # shared coefficients (the mean over tasks) are not exact after 5 layers
+    shared = model(batch, alpha=a.mean(0), gamma=beta.mean(0)).layer_weights[:, 4]
+    assert ((shared - exact) ** 2).sum(-1).mean() > 1e-6
+
+
+def test_cgd_memformer_runs_momentum(batch):
+    eta, mu = torch.tensor([0.5, 0.8, 0.6]), torch.tensor([0.0, 0.4, 0.3])
+    alpha, gamma = momentum_coefficients(eta, mu)
+    model = Memformer(5, 20, num_layers=3, attention="identity", memory="cgd", dtype="float64")
+    torch.testing.assert_close(model(batch, alpha=alpha, gamma=gamma).layer_weights,
+                               momentum_descent(batch.X, batch.y, eta.double(), mu.double(), 3)[:, 1:])
+
+
+def test_tied_gates_are_momentum_one_and_untied_are_not(batch):
+    tied = Memformer(5, 20, num_layers=4, attention="gd", memory="lfom", tied=True, dtype="float64",
+                     init_scale=0.1)
+    with torch.no_grad():  # gates equal along each row, so the update is a step on w
+        tied.gates.copy_(tied.gates[:, :, :1].expand_as(tied.gates))
+    w = torch.cat([torch.zeros(batch.num_tasks, 1, 5, dtype=torch.float64), tied(batch).layer_weights], 1)
+    Sigma, alpha = batch.Sigma / 20, batch.alpha / 20
+    for layer in range(4):
+        gradient = (Sigma @ w[:, layer].unsqueeze(-1)).squeeze(-1) - alpha
+        step = -gradient @ tied.A[layer].sum(0).T.detach() * tied.gates[layer, 5, 0].detach()
+        previous = w[:, layer] - w[:, layer - 1] if layer > 0 else 0.0
+        torch.testing.assert_close(w[:, layer + 1], w[:, layer] + previous + step, rtol=1e-10, atol=1e-12)
+    untied = Memformer(5, 20, num_layers=3, attention="gd", memory="lfom", tied=False, dtype="float64")
+    gd = Memformer(5, 20, num_layers=3, attention="gd", memory="none", dtype="float64")
+    torch.testing.assert_close(untied(batch).layer_weights, gd(batch).layer_weights)  # starts as GD
+    tied_gd = Memformer(5, 20, num_layers=3, attention="gd", memory="lfom", tied=True, dtype="float64")
+    assert (tied_gd(batch).layer_weights - gd(batch).layer_weights).abs().max() > 1e-3
+
+
+def test_momentum_and_nesterov_converge(batch):
+    exact = torch.linalg.solve(batch.Sigma, batch.alpha)
+    for nesterov in (False, True):
+        eta, mu = tune_momentum(batch, 8, nesterov=nesterov)
+        assert 0 < mu < 1 and eta > 0
+        path = momentum_descent(batch.X, batch.y, eta, mu, 3000, nesterov=nesterov)
+        torch.testing.assert_close(path[:, -1], exact, rtol=1e-6, atol=1e-6)
+
+
+def test_training_lowers_the_loss():
+    tasks = RegressionTasks(5, 20, covariance=_covariance(), device="cpu")
+    model = Memformer(5, 20, num_layers=2, attention="identity", memory="cgd", device="cpu")
+    history = train(model, tasks, 60, batch_size=256, learning_rate=0.02, progress=False)
+    assert history.losses[-1] < 0.8 * history.losses[0]
+
+
+def test_clear_errors(batch):
+    model = Memformer(5, 20, num_layers=2, memory="lfom", dtype="float64")
+    with pytest.raises(ValueError, match="n=20"):
+        model(batch.X[:, :10], batch.y[:, :10])
+    with pytest.raises(ValueError, match="d=5"):
+        model(batch.X[..., :4], batch.y)
+    with pytest.raises(ValueError, match="memory='cgd' only"):
+        model(batch, alpha=torch.ones(2))
+    cgd = Memformer(5, 20, num_layers=2, attention="identity", dtype="float64")
+    with pytest.raises(ValueError, match="shape"):
+        cgd(batch, alpha=torch.ones(3))
+    with pytest.raises(ValueError, match="unknown memory"):
+        Memformer(5, 20, memory="lstm")
+    with pytest.raises(ValueError, match="float32"):
+        Memformer(5, 20)(batch)
