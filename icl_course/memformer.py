@@ -272,3 +272,108 @@ class Memformer(nn.Module):
         c = self.config
         return (f"d={c['d']}, n={c['n']}, num_layers={c['num_layers']}, num_heads={c['num_heads']}, "
                 f"attention={c['attention']!r}, memory={c['memory']!r}, tied={c['tied']}")
+
+
+# -- the experiments of chapter 5, shipped as one file ------------------------------------------
+
+SCALES = (1.0, 1.0, 0.5, 0.25, 1.0)   # Dutta et al.'s D; the inputs have covariance U D^2 U^T
+MODELS = {  # name -> (attention, memory): the four trained families of chapter 5
+    "linear transformer": ("gd", "none"),
+    "CGD-like (scalars)": ("identity", "cgd"),
+    "CGD-like + A_l": ("gd", "cgd"),
+    "LFOM (tied gates)": ("gd", "lfom"),
+}
+RECIPE = {"d": 5, "n": 20, "depths": (6,), "rotations": (0, 1, 2, 3, 4), "isotropic_seeds": 2,
+          "num_steps": 300, "batch_size": 500, "learning_rate": 0.02, "clip_norm": 1.0,
+          "eval_tasks": 100_000, "head_counts": (1, 2, 4), "head_layers": 2, "head_steps": 400}
+PRETRAINED = __import__("pathlib").Path(__file__).resolve().parent / "pretrained" / "ch5_memformers.pt"
+COMMAND = "python -m icl_course.memformer            # writes icl_course/pretrained/ch5_memformers.pt"
+
+
+def rotation(seed: int) -> torch.Tensor:
+    """A Haar-random orthogonal ``U`` (d = 5) from ``seed`` (QR of a Gaussian, signs fixed)."""
+    gaussian = torch.randn(5, 5, generator=make_generator(seed), dtype=torch.float64)
+    Q, R = torch.linalg.qr(gaussian)
+    return Q * torch.sign(torch.diagonal(R))
+
+
+def covariance(seed: Optional[int]) -> Optional[torch.Tensor]:
+    """``S = U D^2 U^T`` with ``U = rotation(seed)``, or None (isotropic) for ``seed=None``."""
+    if seed is None:
+        return None
+    U = rotation(seed)
+    return U @ torch.diag(torch.tensor(SCALES, dtype=torch.float64) ** 2) @ U.T
+
+
+def build(name: str, num_layers: int, num_heads: int = 1, attention: Optional[str] = None,
+          seed: int = 0, device="cpu") -> Memformer:
+    """One of the chapter's models (``MODELS``), untrained."""
+    default_attention, memory = MODELS[name]
+    return Memformer(RECIPE["d"], RECIPE["n"], num_layers, num_heads, attention or default_attention,
+                     memory, init_scale=0.01, seed=seed, device=device)
+
+
+def run_experiments(path=PRETRAINED, device="auto", settings=("S", "I"), heads=True) -> dict:
+    """Train every model of chapter 5 and score it on fresh tasks; save the weights and the scores.
+
+    For each data setting (``"S"``: the five rotations; ``"I"``: isotropic, five training seeds),
+    each family in ``MODELS`` and each depth: Adam on fresh batches, then per-layer losses on
+    ``eval_tasks`` fresh tasks (seeded apart from training).  Also the heads experiment.
+    """
+    from .data import RegressionTasks
+    from .evaluate import per_layer_loss
+    from .train import train
+
+    device = resolve_device(device)
+    r = RECIPE
+    results = {"recipe": dict(r), "command": COMMAND, "models": {}, "losses": {}, "heads": {}}
+    for setting in settings:
+        for rot in (r["rotations"] if setting == "S" else r["rotations"][:r["isotropic_seeds"]]):
+            tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(rot if setting == "S" else None),
+                                    device=device)
+            for name in MODELS:
+                for depth in r["depths"]:
+                    model = build(name, depth, seed=rot, device=device)
+                    train(model, tasks, r["num_steps"], batch_size=r["batch_size"], learning_rate=r["learning_rate"],
+                          clip_norm=r["clip_norm"], seed=100 + rot, progress=False)
+                    key = (setting, rot, name, depth)
+                    results["models"][str(key)] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+                    estimates = per_layer_loss(model, tasks, num_tasks=r["eval_tasks"], seed=7_000 + rot)
+                    results["losses"][str(key)] = [(e.mean, e.stderr) for e in estimates]
+                    print(key, f"{estimates[-1].mean:.4g}", flush=True)
+    tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(0), device=device)
+    for attention in ("gd", "full") if heads else ():
+        for heads in r["head_counts"]:
+            model = build("linear transformer", r["head_layers"], heads, attention, device=device)
+            train(model, tasks, r["head_steps"], batch_size=r["batch_size"], learning_rate=r["learning_rate"] / 2,
+                  clip_norm=r["clip_norm"], seed=300, progress=False)
+            key = str((attention, heads))
+            results["models"]["heads " + key] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            estimates = per_layer_loss(model, tasks, num_tasks=r["eval_tasks"], seed=7_000)
+            results["heads"][key] = [(e.mean, e.stderr) for e in estimates]
+            print(key, f"{estimates[-1].mean:.4g}", flush=True)
+    torch.save(results, path)
+    return results
+
+
+def load_experiments(path=PRETRAINED) -> dict:
+    """The shipped results of :func:`run_experiments` (weights and scores)."""
+    return torch.load(path, weights_only=False)
+
+
+def load_model(results: dict, setting: str, rot: int, name: str, depth: int) -> Memformer:
+    """A trained model of :func:`run_experiments`, rebuilt on the CPU."""
+    model = build(name, depth, seed=rot)
+    model.load_state_dict(results["models"][str((setting, rot, name, depth))])
+    return model
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="train and score the models of chapter 5")
+    parser.add_argument("--out", default=str(PRETRAINED))
+    parser.add_argument("--settings", default="SI", help="S (rotated), I (isotropic) or both")
+    parser.add_argument("--no-heads", action="store_true")
+    arguments = parser.parse_args()
+    run_experiments(arguments.out, settings=tuple(arguments.settings), heads=not arguments.no_heads)

@@ -109,3 +109,31 @@ def test_clear_errors(batch):
         Memformer(5, 20, memory="lstm")
     with pytest.raises(ValueError, match="float32"):
         Memformer(5, 20)(batch)
+
+
+def test_chapter_5_checks_accept_the_reference_and_reject_mistakes():
+    import random
+
+    from icl_course import checks
+    from icl_course.grading_chapter5 import chapter_5_checks, reference_memformer_layer
+    from icl_course.memformer import momentum_coefficients
+
+    answers = {
+        "cg_iterates": lambda X, y, num_steps: conjugate_gradient(X, y, num_steps),
+        "memformer_layer": reference_memformer_layer,
+        "momentum_alpha_gamma": lambda eta, mu, num_layers: momentum_coefficients(
+            torch.full((num_layers,), eta, dtype=torch.float64), torch.full((num_layers,), mu, dtype=torch.float64)),
+    }
+    wrong = {
+        "cg_iterates": lambda X, y, num_steps: gradient_descent(X, y, 1.0, num_steps),
+        "memformer_layer": lambda Z, register, A, alpha, gamma: reference_memformer_layer(Z, register, A, alpha, 0.0),
+        "momentum_alpha_gamma": lambda eta, mu, num_layers: (torch.full((num_layers,), eta),
+                                                             torch.full((num_layers,), eta * mu)),
+    }
+    for check in chapter_5_checks():
+        cases = check.examples() + check.draw(random.Random(0))
+        for case in cases:
+            check.verify(case, checks._portable(answers[check.name](**case.arguments)))
+        with pytest.raises(checks.CheckFailed):
+            for case in cases:
+                check.verify(case, checks._portable(wrong[check.name](**case.arguments)))

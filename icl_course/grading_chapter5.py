@@ -1,0 +1,156 @@
+"""Trusted checks of exercise 5 (Memformers; Dutta et al. 2024), built on :mod:`icl_course.checks`.
+
+* ``cg_iterates``: conjugate gradient on a batch of tasks, every iterate;
+* ``memformer_layer``: one CGD-like Memformer layer in Ahn et al.'s matrix form, with its register;
+* ``momentum_alpha_gamma``: the scalars that make a CGD-like Memformer run heavy-ball momentum.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .checks import Case, Check, CheckFailed, _generator, _kind, _normal, _tensor
+from .memformer import Memformer
+from .optimizers import conjugate_gradient, momentum_descent
+
+__all__ = ["chapter_5_checks", "reference_memformer_layer"]
+
+FLOAT64 = dict(dtype=torch.float64, device="cpu")
+
+
+def _fail(message: str):
+    raise CheckFailed(message)
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, tolerance: float) -> bool:
+    return bool((got - expected).abs().max() <= tolerance * (1 + expected.abs().max()))
+
+
+# -- task 1: CG on a batch ---------------------------------------------------------------------
+
+def _cg_case(B: int, n: int, d: int, num_steps: int, generator: torch.Generator) -> Case:
+    X = _normal(generator, B, n, d) * torch.linspace(0.3, 1.0, d, **FLOAT64)
+    y = X @ _normal(generator, d, 1).squeeze(-1) + 0.1 * _normal(generator, B, n)
+    return Case(dict(X=X, y=y, num_steps=num_steps))
+
+
+def _verify_cg(case: Case, output) -> None:
+    X, y, num_steps = (case.arguments[key] for key in ("X", "y", "num_steps"))
+    B, n, d = X.shape
+    iterates = _tensor(output, (B, num_steps + 1, d), "cg_iterates (w_0 = 0 first)")
+    expected = conjugate_gradient(X, y, num_steps)
+    if not _close(iterates[:, 0], expected[:, 0], 1e-12):
+        _fail("start from w_0 = 0 and put it first")
+    if num_steps >= 1 and not _close(iterates[:, 1], expected[:, 1], 1e-8):
+        _fail(f"for {case.label}: the first step is wrong; it is exact line search along -grad R(0) = X^T y / n")
+    if not _close(iterates, expected, 1e-7):
+        _fail(f"for {case.label}: the iterates differ from conjugate gradient on Sigma w = alpha "
+              "(Sigma = X^T X / n, alpha = X^T y / n), each task with its own coefficients")
+
+
+# -- task 2: one Memformer layer with its register ---------------------------------------------
+
+def reference_memformer_layer(Z, register, A, alpha, gamma):
+    """``R <- Attn(Z) + gamma R``, ``Z <- Z + alpha R`` with ``Attn(Z) = P Z M Z^T Q Z / n``.
+
+    ``P = [[0, 0], [0, 1]]``, ``Q = -[[A^T, 0], [0, 0]]``, ``M = diag(I_n, 0)``.  Shapes: ``Z`` and
+    ``register`` (B, d+1, n+1), ``A`` (d, d) -> (new Z, new register).
+    """
+    d, n = Z.shape[-2] - 1, Z.shape[-1] - 1
+    P = torch.zeros(d + 1, d + 1, dtype=Z.dtype)
+    P[d, d] = 1.0
+    Q = torch.zeros(d + 1, d + 1, dtype=Z.dtype)
+    Q[:d, :d] = -A.T
+    mask = torch.diag(torch.cat([torch.ones(n, dtype=Z.dtype), torch.zeros(1, dtype=Z.dtype)]))
+    attention = P @ Z @ mask @ Z.transpose(-1, -2) @ Q @ Z / n
+    new_register = attention + gamma * register
+    return Z + alpha * new_register, new_register
+
+
+def _layer_case(B: int, n: int, d: int, generator: torch.Generator, fresh: bool) -> Case:
+    X, x_t = _normal(generator, B, n, d), _normal(generator, B, d)
+    y = X @ _normal(generator, d, 1).squeeze(-1)
+    context = torch.cat([X, y.unsqueeze(-1)], -1).transpose(-1, -2)
+    query = torch.cat([x_t, torch.zeros(B, 1, **FLOAT64)], -1).unsqueeze(-1)
+    Z = torch.cat([context, query], -1)
+    register = torch.zeros_like(Z) if fresh else 0.3 * _normal(generator, B, d + 1, n + 1)
+    A = torch.eye(d, **FLOAT64) + 0.3 * _normal(generator, d, d)
+    return Case(dict(Z=Z, register=register, A=A, alpha=0.8, gamma=0.4))
+
+
+def _verify_layer(case: Case, output) -> None:
+    Z = case.arguments["Z"]
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        _fail(f"memformer_layer must return (new Z, new register), got {_kind(output)}")
+    new_Z, new_register = (_tensor(value, Z.shape, name) for value, name in zip(output, ("new Z", "new register")))
+    expected_Z, expected_register = reference_memformer_layer(**case.arguments)
+    if not _close(new_register, expected_register, 1e-9):
+        plain = reference_memformer_layer(**{**case.arguments, "gamma": 0.0})[1]
+        if _close(new_register, plain, 1e-9):
+            _fail(f"for {case.label}: the new register forgets the old one (add gamma * register)")
+        _fail(f"for {case.label}: the new register must be Attn(Z) + gamma * register, with "
+              "Attn(Z) = P Z M Z^T Q Z / n (the mask keeps the query column out of Z M Z^T)")
+    if not _close(new_Z, expected_Z, 1e-9):
+        _fail(f"for {case.label}: the new Z must be Z + alpha * (the new register)")
+
+
+# -- task 3: momentum as a Memformer -----------------------------------------------------------
+
+def _verify_momentum(case: Case, output) -> None:
+    eta, mu, num_layers = (case.arguments[key] for key in ("eta", "mu", "num_layers"))
+    if not isinstance(output, (tuple, list)) or len(output) != 2:
+        _fail(f"momentum_alpha_gamma must return (alpha, gamma), got {_kind(output)}")
+    alpha, gamma = (_tensor(value, (num_layers,), name) for value, name in zip(output, ("alpha", "gamma")))
+    batch = case.context["batch"]
+    model = Memformer(batch.d, batch.n, num_layers, attention="identity", memory="cgd", dtype=torch.float64)
+    got = model(batch, alpha=alpha, gamma=gamma).layer_weights
+    expected = momentum_descent(batch.X, batch.y, eta, mu, num_layers)[:, 1:]
+    if not _close(got[:, 0], expected[:, 0], 1e-6):  # 1e-6: float32 answers pass
+        _fail(f"for {case.label}: the first layer must be one GD step of size eta (alpha_1 = eta)")
+    if not _close(got, expected, 1e-6):
+        _fail(f"for {case.label}: the layers do not follow w + eta(-grad) + mu (w - w_prev); "
+              "write w_{l+1} - w_l = alpha_l R_l and solve for gamma_l")
+
+
+def _momentum_case(eta: float, mu: float, num_layers: int, generator: torch.Generator) -> Case:
+    from .data import TaskBatch
+
+    B, n, d = 4, 12, 3
+    X = _normal(generator, B, n, d)
+    w = _normal(generator, B, d)
+    y = (X @ w.unsqueeze(-1)).squeeze(-1)
+    x_t = _normal(generator, B, d)
+    batch = TaskBatch(X=X, y=y, x_t=x_t, y_t=(x_t * w).sum(-1), w=w, sigma=torch.zeros(B, **FLOAT64))
+    return Case(dict(eta=eta, mu=mu, num_layers=num_layers), dict(batch=batch))
+
+
+def chapter_5_checks() -> list[Check]:
+    """The graded checks of exercise 5."""
+    def cg_draw(rng: random.Random):
+        return [_cg_case(rng.randint(1, 4), rng.randint(6, 30), rng.randint(1, 6), rng.randint(0, 7), _generator(rng))
+                for _ in range(3)]
+
+    def layer_draw(rng: random.Random):
+        return [_layer_case(rng.randint(1, 3), rng.randint(3, 12), rng.randint(1, 5), _generator(rng), False)
+                for _ in range(3)]
+
+    def momentum_draw(rng: random.Random):
+        return [_momentum_case(rng.uniform(0.1, 0.9), rng.uniform(0.0, 0.9), rng.randint(1, 6), _generator(rng))
+                for _ in range(3)]
+
+    def momentum_examples():
+        return [_momentum_case(0.5, 0.3, 2, torch.Generator().manual_seed(0)),
+                _momentum_case(0.2, 0.8, 4, torch.Generator().manual_seed(1))]
+
+    return [
+        Check(5, 1, "cg_iterates", lambda: [_cg_case(3, 20, 5, 6, torch.Generator().manual_seed(0))], cg_draw,
+              _verify_cg, giveaways=("optimizers", "conjugate_gradient", "cg_coefficients")),
+        Check(5, 2, "memformer_layer",
+              lambda: [_layer_case(2, 6, 3, torch.Generator().manual_seed(0), True),
+                       _layer_case(2, 6, 3, torch.Generator().manual_seed(1), False)],
+              layer_draw, _verify_layer, giveaways=("memformer", "Memformer", "reference_memformer_layer")),
+        Check(5, 3, "momentum_alpha_gamma", momentum_examples, momentum_draw, _verify_momentum,
+              giveaways=("memformer", "momentum_coefficients")),
+    ]
