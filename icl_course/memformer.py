@@ -43,7 +43,8 @@ from .data import TaskBatch, check_context
 from .models import ModelOutput
 from .runtime import check_count, make_generator, resolve_device, resolve_dtype
 
-__all__ = ["ATTENTIONS", "MEMORIES", "Memformer", "cg_coefficients", "momentum_coefficients"]
+__all__ = ["ATTENTIONS", "MEMORIES", "Memformer", "cg_coefficients", "momentum_coefficients", "run_experiments",
+           "load_experiments", "load_model", "covariance", "show_coefficients", "coefficient_explorer"]
 
 ATTENTIONS = ("identity", "gd", "full")
 MEMORIES = ("none", "cgd", "lfom")
@@ -366,6 +367,63 @@ def load_model(results: dict, setting: str, rot: int, name: str, depth: int) -> 
     model = build(name, depth, seed=rot)
     model.load_state_dict(results["models"][str((setting, rot, name, depth))])
     return model
+
+
+def show_coefficients(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3), rot: Optional[int] = 0,
+                      num_tasks: int = 4000, seed: int = 0):
+    """A CGD-like Memformer (``A_l = I``) with the given ``alpha_l, gamma_l`` beside CG (chapter 5).
+
+    Left: the loss after each layer, ``log10`` of ``1/2 E (w^l - w)^T S (w^l - w)``, against CG run on
+    each task with its own coefficients.  Right: the chosen ``alpha_l`` (squares) and ``gamma_l``
+    (triangles) over the middle 90% of CG's per-task ``a``, ``beta`` at the same step.  Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from .data import RegressionTasks
+    from .evaluate import query_averaged_loss
+    from .optimizers import conjugate_gradient
+
+    L = len(alpha)
+    tasks = RegressionTasks(RECIPE["d"], RECIPE["n"], covariance=covariance(rot), dtype=torch.float64, device="cpu")
+    batch = tasks.sample(num_tasks, seed=seed)
+    model = Memformer(RECIPE["d"], RECIPE["n"], L, attention="identity", memory="cgd", dtype=torch.float64)
+    with torch.no_grad():
+        ours = query_averaged_loss(model(batch, alpha=torch.tensor(alpha), gamma=torch.tensor(gamma)).layer_weights,
+                                   batch).mean(0)
+    cg = query_averaged_loss(conjugate_gradient(batch.X, batch.y, L)[:, 1:], batch).mean(0)
+    a, beta = cg_coefficients(batch.X, batch.y, L)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.4))
+    layers = torch.arange(1, L + 1)
+    left.plot(layers, ours.log10(), "o-", color="C1", label="Memformer (shared alpha, gamma)")
+    left.plot(layers, cg.log10(), "s--", color="C0", label="CG (each task its own)")
+    left.set(xlabel="layer / step l", ylabel="log10 loss", title="loss per layer")
+    left.legend()
+    for values, chosen, offset, marker, name in ((a, alpha, -0.12, "s", "alpha / a"),
+                                                 (beta, gamma, 0.12, "^", "gamma / beta")):
+        low, high = values.quantile(0.05, dim=0), values.quantile(0.95, dim=0)
+        right.vlines(layers + offset, low, high, color="0.6", lw=6)
+        right.plot(layers + offset, chosen, marker, color="C1", label=name)
+    right.set(xlabel="layer l", ylabel="coefficient", title="chosen vs CG's 5-95% range (grey)")
+    right.legend()
+    figure.tight_layout()
+    return figure
+
+
+def coefficient_explorer(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3)):
+    """Sliders for three layers' ``alpha_l, gamma_l`` around :func:`show_coefficients`."""
+    import ipywidgets as widgets
+
+    from .widgets import _explorer
+
+    def show(**values):
+        return show_coefficients([values[f"alpha_{k}"] for k in (1, 2, 3)],
+                                 [values[f"gamma_{k}"] for k in (1, 2, 3)])
+
+    controls = {f"alpha_{k}": widgets.FloatSlider(value=alpha[k - 1], min=0.0, max=3.0, step=0.05,
+                                                  description=f"alpha_{k}") for k in (1, 2, 3)}
+    controls.update({f"gamma_{k}": widgets.FloatSlider(value=gamma[k - 1], min=0.0, max=1.5, step=0.05,
+                                                       description=f"gamma_{k}") for k in (1, 2, 3)})
+    return _explorer(show, **controls)
 
 
 if __name__ == "__main__":
