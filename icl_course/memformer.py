@@ -397,13 +397,15 @@ def show_coefficients(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3), rot: Optiona
     left.plot(layers, ours.log10(), "o-", color="C1", label="Memformer (shared alpha, gamma)")
     left.plot(layers, cg.log10(), "s--", color="C0", label="CG (each task its own)")
     left.set(xlabel="layer / step l", ylabel="log10 loss", title="loss per layer")
+    left.set_xticks(layers.tolist())
     left.legend()
     for values, chosen, offset, marker, name in ((a, alpha, -0.12, "s", "alpha / a"),
                                                  (beta, gamma, 0.12, "^", "gamma / beta")):
         low, high = values.quantile(0.05, dim=0), values.quantile(0.95, dim=0)
         right.vlines(layers + offset, low, high, color="0.6", lw=6)
         right.plot(layers + offset, chosen, marker, color="C1", label=name)
-    right.set(xlabel="layer l", ylabel="coefficient", title="chosen vs CG's 5-95% range (grey)")
+    right.set(xlabel="layer l", ylabel="coefficient", title="chosen vs CG's 5-95% range (grey)",
+              xticks=layers.tolist())
     right.legend()
     figure.tight_layout()
     return figure
