@@ -52,21 +52,30 @@ def _missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def lab():
-    """A JupyterLab server with the learners' configuration; yields its base URL and token."""
+def lab(tmp_path_factory):
+    """A JupyterLab server with the learners' configuration, serving a copy of the chapters (JupyterLab
+    saves the notebooks it runs, and a test must leave the repository as it found it); yields its base
+    URL and token."""
     missing = _missing()
     if missing:
         pytest.skip(missing)
+    before = {path.name: path.read_bytes() for path in CHAPTERS}
+    served = tmp_path_factory.mktemp("course")
+    shutil.copytree(ROOT / "chapters", served / "chapters")
+    shutil.copy(ROOT / "NOTATION.md", served / "NOTATION.md")
+    configuration = served / "jupyter-learner"
+    shutil.copytree(ROOT / "config" / "jupyter-learner", configuration,
+                    ignore=shutil.ignore_patterns("lab", "migrated"))
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     token = secrets.token_hex(16)
-    environment = dict(os.environ, JUPYTER_CONFIG_DIR=str(ROOT / "config" / "jupyter-learner"))
+    environment = dict(os.environ, JUPYTER_CONFIG_DIR=str(configuration))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     log = open(ARTIFACTS / "jupyterlab.log", "w")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--ServerApp.token={token}", f"--ServerApp.root_dir={ROOT}", "--allow-root"],
+         f"--ServerApp.token={token}", f"--ServerApp.root_dir={served}", "--allow-root"],
         env=environment, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -83,6 +92,7 @@ def lab():
         server.terminate()
         server.wait(timeout=30)
         log.close()
+    assert {path.name: path.read_bytes() for path in CHAPTERS} == before, "the repository's chapters changed"
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +117,16 @@ REDRAWN = """([box, before]) => {
     const image = box.querySelector('.jp-OutputArea img');
     return image !== null && image.getAttribute('src') !== before;
 }"""
+
+
+def _accept_kernel_dialog(page) -> None:
+    """A fresh JupyterLab may ask which kernel to start; the notebook's own (Python 3) is preselected."""
+    dialog = page.locator(".jp-Dialog:has-text('Select Kernel')")
+    try:
+        dialog.wait_for(state="visible", timeout=5_000)
+    except Exception:   # no dialog: the kernel started by itself
+        return
+    dialog.locator("button.jp-mod-accept").click()
 
 
 def _figure(box) -> str | None:
@@ -134,6 +154,7 @@ def test_every_slider_of_every_chapter_redraws_its_figure(lab, browser, chapter)
         # ?reset: a fresh workspace, without the tabs a previous test left open
         page.goto(f"{base}/lab/tree/chapters/{chapter.name}?reset&token={token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        _accept_kernel_dialog(page)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
         page.click("div.lm-MenuBar-itemLabel:text-is('Run')")
         page.click("li.lm-Menu-item:has-text('Run All Cells')")
