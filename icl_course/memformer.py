@@ -174,14 +174,17 @@ class Memformer(nn.Module):
 
     @property
     def num_layers(self) -> int:
+        """``L``, the number of layers."""
         return self.config["num_layers"]
 
     @property
     def dtype(self) -> torch.dtype:
+        """The floating dtype of the weights (tasks must have the same)."""
         return self.A.dtype if self.attention != "full" else self.P.dtype
 
     @property
     def device(self) -> torch.device:
+        """Where the weights live (tasks must live there too)."""
         return self.A.device if self.attention != "full" else self.P.device
 
     def attention_matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
