@@ -516,6 +516,15 @@ def _chapter_3() -> list[Check]:
 
 CHECKS: dict[str, Check] = {check.name: check for check in _chapter_1() + _chapter_2() + _chapter_3()}
 
+# The helpers a chapter's catalogue of checks may use (the catalogues of later chapters live in modules
+# of their own and import these, never the underscored names).
+fail, expect_tensor, expect_number, expect_pair, describe = _fail, _tensor, _number, _pair, _kind
+close, generator_from, normal = _close, _generator, _normal
+
+from .grading_chapter5 import chapter_5_checks  # noqa: E402  (it builds on the names above)
+
+CHECKS.update({check.name: check for check in chapter_5_checks()})
+
 
 # -- the three places a check runs ------------------------------------------------------------
 

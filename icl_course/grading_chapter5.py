@@ -11,7 +11,7 @@ import random
 
 import torch
 
-from .checks import Case, Check, CheckFailed, _generator, _kind, _normal, _tensor
+from .checks import Case, Check, CheckFailed, describe, expect_tensor, generator_from, normal
 from .memformer import Memformer
 from .optimizers import conjugate_gradient, momentum_descent
 
@@ -31,15 +31,15 @@ def _close(got: torch.Tensor, expected: torch.Tensor, tolerance: float) -> bool:
 # -- task 1: CG on a batch ---------------------------------------------------------------------
 
 def _cg_case(B: int, n: int, d: int, num_steps: int, generator: torch.Generator) -> Case:
-    X = _normal(generator, B, n, d) * torch.linspace(0.3, 1.0, d, **FLOAT64)
-    y = X @ _normal(generator, d, 1).squeeze(-1) + 0.1 * _normal(generator, B, n)
+    X = normal(generator, B, n, d) * torch.linspace(0.3, 1.0, d, **FLOAT64)
+    y = X @ normal(generator, d, 1).squeeze(-1) + 0.1 * normal(generator, B, n)
     return Case(dict(X=X, y=y, num_steps=num_steps))
 
 
 def _verify_cg(case: Case, output) -> None:
     X, y, num_steps = (case.arguments[key] for key in ("X", "y", "num_steps"))
     B, n, d = X.shape
-    iterates = _tensor(output, (B, num_steps + 1, d), "cg_iterates (w_0 = 0 first)")
+    iterates = expect_tensor(output, (B, num_steps + 1, d), "cg_iterates (w_0 = 0 first)")
     expected = conjugate_gradient(X, y, num_steps)
     if not _close(iterates[:, 0], expected[:, 0], 1e-12):
         _fail("start from w_0 = 0 and put it first")
@@ -70,21 +70,22 @@ def reference_memformer_layer(Z, register, A, alpha, gamma):
 
 
 def _layer_case(B: int, n: int, d: int, generator: torch.Generator, fresh: bool) -> Case:
-    X, x_t = _normal(generator, B, n, d), _normal(generator, B, d)
-    y = X @ _normal(generator, d, 1).squeeze(-1)
+    X, x_t = normal(generator, B, n, d), normal(generator, B, d)
+    y = X @ normal(generator, d, 1).squeeze(-1)
     context = torch.cat([X, y.unsqueeze(-1)], -1).transpose(-1, -2)
     query = torch.cat([x_t, torch.zeros(B, 1, **FLOAT64)], -1).unsqueeze(-1)
     Z = torch.cat([context, query], -1)
-    register = torch.zeros_like(Z) if fresh else 0.3 * _normal(generator, B, d + 1, n + 1)
-    A = torch.eye(d, **FLOAT64) + 0.3 * _normal(generator, d, d)
+    register = torch.zeros_like(Z) if fresh else 0.3 * normal(generator, B, d + 1, n + 1)
+    A = torch.eye(d, **FLOAT64) + 0.3 * normal(generator, d, d)
     return Case(dict(Z=Z, register=register, A=A, alpha=0.8, gamma=0.4))
 
 
 def _verify_layer(case: Case, output) -> None:
     Z = case.arguments["Z"]
     if not isinstance(output, (tuple, list)) or len(output) != 2:
-        _fail(f"memformer_layer must return (new Z, new register), got {_kind(output)}")
-    new_Z, new_register = (_tensor(value, Z.shape, name) for value, name in zip(output, ("new Z", "new register")))
+        _fail(f"memformer_layer must return (new Z, new register), got {describe(output)}")
+    new_Z, new_register = (expect_tensor(value, Z.shape, name)
+                           for value, name in zip(output, ("new Z", "new register")))
     expected_Z, expected_register = reference_memformer_layer(**case.arguments)
     if not _close(new_register, expected_register, 1e-9):
         plain = reference_memformer_layer(**{**case.arguments, "gamma": 0.0})[1]
@@ -101,8 +102,8 @@ def _verify_layer(case: Case, output) -> None:
 def _verify_momentum(case: Case, output) -> None:
     eta, mu, num_layers = (case.arguments[key] for key in ("eta", "mu", "num_layers"))
     if not isinstance(output, (tuple, list)) or len(output) != 2:
-        _fail(f"momentum_alpha_gamma must return (alpha, gamma), got {_kind(output)}")
-    alpha, gamma = (_tensor(value, (num_layers,), name) for value, name in zip(output, ("alpha", "gamma")))
+        _fail(f"momentum_alpha_gamma must return (alpha, gamma), got {describe(output)}")
+    alpha, gamma = (expect_tensor(value, (num_layers,), name) for value, name in zip(output, ("alpha", "gamma")))
     batch = case.context["batch"]
     model = Memformer(batch.d, batch.n, num_layers, attention="identity", memory="cgd", dtype=torch.float64)
     got = model(batch, alpha=alpha, gamma=gamma).layer_weights
@@ -118,10 +119,10 @@ def _momentum_case(eta: float, mu: float, num_layers: int, generator: torch.Gene
     from .data import TaskBatch
 
     B, n, d = 4, 12, 3
-    X = _normal(generator, B, n, d)
-    w = _normal(generator, B, d)
+    X = normal(generator, B, n, d)
+    w = normal(generator, B, d)
     y = (X @ w.unsqueeze(-1)).squeeze(-1)
-    x_t = _normal(generator, B, d)
+    x_t = normal(generator, B, d)
     batch = TaskBatch(X=X, y=y, x_t=x_t, y_t=(x_t * w).sum(-1), w=w, sigma=torch.zeros(B, **FLOAT64))
     return Case(dict(eta=eta, mu=mu, num_layers=num_layers), dict(batch=batch))
 
@@ -129,15 +130,15 @@ def _momentum_case(eta: float, mu: float, num_layers: int, generator: torch.Gene
 def chapter_5_checks() -> list[Check]:
     """The graded checks of exercise 5."""
     def cg_draw(rng: random.Random):
-        return [_cg_case(rng.randint(1, 4), rng.randint(6, 30), rng.randint(1, 6), rng.randint(0, 7), _generator(rng))
-                for _ in range(3)]
+        return [_cg_case(rng.randint(1, 4), rng.randint(6, 30), rng.randint(1, 6), rng.randint(0, 7),
+                         generator_from(rng)) for _ in range(3)]
 
     def layer_draw(rng: random.Random):
-        return [_layer_case(rng.randint(1, 3), rng.randint(3, 12), rng.randint(1, 5), _generator(rng), False)
+        return [_layer_case(rng.randint(1, 3), rng.randint(3, 12), rng.randint(1, 5), generator_from(rng), False)
                 for _ in range(3)]
 
     def momentum_draw(rng: random.Random):
-        return [_momentum_case(rng.uniform(0.1, 0.9), rng.uniform(0.0, 0.9), rng.randint(1, 6), _generator(rng))
+        return [_momentum_case(rng.uniform(0.1, 0.9), rng.uniform(0.0, 0.9), rng.randint(1, 6), generator_from(rng))
                 for _ in range(3)]
 
     def momentum_examples():
