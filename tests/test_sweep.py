@@ -1,0 +1,96 @@
+import pytest
+import torch
+
+from icl_course import CategoricalNoise, LinearTransformer, RegressionTasks, UniformNoise
+from icl_course.checkpoints import CheckpointError
+from icl_course.evaluate import adjusted_loss
+from icl_course.sweep import ModelSpec, ModelStack, _TaskStream, train_sweep
+
+
+@pytest.mark.parametrize("variant", ["diag", "gdpp", "full"])
+def test_the_stack_computes_what_each_model_computes(variant):
+    models = [LinearTransformer(4, 3, 2, variant, init_scale=0.1, seed=seed, dtype=torch.float64, device="cpu")
+              for seed in range(3)]
+    stack = ModelStack(models, dtype=torch.float64, device="cpu")
+    batches = [RegressionTasks(4, 7, 0.5, dtype=torch.float64, device="cpu").sample(5, seed=s) for s in range(3)]
+    gram = torch.stack([batch.gram for batch in batches])
+    stacked = stack.final_weights(gram)
+    for index, (model, batch) in enumerate(zip(models, batches)):
+        torch.testing.assert_close(stacked[index], model(batch).weights, rtol=1e-10, atol=1e-12)
+        exported = stack.to_model(index)
+        torch.testing.assert_close(exported(batch).weights, model(batch).weights, rtol=1e-12, atol=1e-14)
+
+
+def test_each_model_draws_from_its_own_noise_law():
+    stream = _TaskStream([UniformNoise(2), CategoricalNoise([1, 3]), UniformNoise(0)], 3, 40, torch.float64,
+                         torch.device("cpu"), seed=0)
+    gram, w = stream.sample(4000)
+    # the residual energy of least squares estimates sigma^2 (n - d) per task
+    Sigma, alpha, energy = gram[..., :3, :3], gram[..., :3, 3], gram[..., 3, 3]
+    explained = (alpha.unsqueeze(-2) @ torch.linalg.solve(Sigma, alpha.unsqueeze(-1))).flatten(-3)
+    sigma_squared = (energy - explained) / (40 - 3)
+    assert sigma_squared[0].mean() == pytest.approx(4 / 3, rel=0.05)       # E[sigma^2] of U(0, 2)
+    assert sigma_squared[1].mean() == pytest.approx(5.0, rel=0.05)         # (1 + 9) / 2
+    assert sigma_squared[2].abs().max() < 1e-8
+    assert w.shape == (3, 4000, 3)
+
+
+def _specs(num_steps=(60, 40), rates=(1e-2, 1e-2)):
+    return [ModelSpec(f"m{k}", UniformNoise(k + 1), seed=k, num_steps=steps, learning_rate=rate, warmup_steps=5)
+            for k, (steps, rate) in enumerate(zip(num_steps, rates))]
+
+
+def test_models_finish_at_their_own_step_and_training_helps():
+    left = []
+    results = train_sweep(_specs(), d=4, n=8, num_layers=2, batch_size=256, device="cpu", progress=False,
+                          log_every=10, on_leave=lambda result: left.append(result.name))
+    assert left == ["m1", "m0"]                                    # the shorter run leaves first
+    assert [results[name].steps for name in ("m0", "m1")] == [60, 40]
+    for name, result in results.items():
+        assert result.status == "finished"
+        assert result.history[-1][1] < result.history[0][1]      # the loss came down
+    tasks = RegressionTasks(4, 8, UniformNoise(1), dtype=torch.float64, device="cpu")
+    untrained = LinearTransformer(4, 2, 1, "diag", seed=0, dtype=torch.float64, device="cpu")
+    trained = adjusted_loss(results["m0"].model, tasks, num_tasks=4000)
+    assert trained.mean + 4 * trained.stderr < adjusted_loss(untrained, tasks, num_tasks=4000).mean
+
+
+def test_a_diverging_model_leaves_without_stopping_the_others():
+    specs = _specs(num_steps=(40, 40), rates=(1e-2, 1e3))
+    results = train_sweep(specs, d=4, n=8, num_layers=3, batch_size=64, device="cpu", progress=False,
+                          log_every=5, patience=5, clip_norm=None)
+    assert results["m1"].status == "diverged" and results["m1"].steps < 40
+    assert "in a row" in results["m1"].message
+    assert results["m0"].status == "finished" and results["m0"].steps == 40
+
+
+def test_an_interrupted_sweep_resumes_exactly(tmp_path):
+    options = dict(d=4, n=8, num_layers=2, batch_size=64, device="cpu", log_every=5, checkpoint_every=10)
+    reference = train_sweep(_specs(), progress=False, **options)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_25(step, losses):
+        if step == 25:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_sweep(_specs(), checkpoint=tmp_path / "sweep.pt", progress=stop_at_25, **options)
+    resumed = train_sweep(_specs(), checkpoint=tmp_path / "sweep.pt", progress=False, **options)
+    for name in reference:
+        for mine, theirs in zip(resumed[name].model.parameters(), reference[name].model.parameters()):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+    with pytest.raises(CheckpointError, match="belongs to another sweep"):
+        train_sweep(_specs(rates=(1e-2, 3e-3)), checkpoint=tmp_path / "sweep.pt", progress=False, **options)
+
+
+def test_bad_specs_get_clear_messages():
+    with pytest.raises(ValueError, match="unique name"):
+        train_sweep([ModelSpec("a", 1.0), ModelSpec("a", 2.0)], progress=False, device="cpu")
+    with pytest.raises(ValueError, match="unknown schedule"):
+        ModelSpec("a", 1.0, schedule="linear")
+    with pytest.raises(ValueError, match="learning_rate must be positive"):
+        ModelSpec("a", 1.0, learning_rate=0)
+    with pytest.raises(ValueError, match="sweep trains"):
+        train_sweep([ModelSpec("a", 1.0)], parameterization="gd", progress=False, device="cpu")
