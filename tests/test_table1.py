@@ -1,0 +1,113 @@
+import csv
+import json
+
+import pytest
+import torch
+
+from icl_course import table1
+from icl_course.__main__ import main as cli
+from icl_course.table1 import COLUMNS, PAPER, PAPER_BASELINES, Table1Error, load_table1_model, run_table1
+
+# a pipeline check with tiny numbers: two columns, two depths, every variant, two seeds
+TINY = dict(depths=(1, 2), columns=["1", "{1,3}"], progress=False, verbose=False, steps=40, batch_size=64,
+            seeds=(0, 1), tuning_tasks=1000, eval_tasks=3000, eval_tasks_deep=3000, chunk_size=1000,
+            checkpoint_every=10, learning_rate=1e-2, warmup_steps=5)
+
+
+def test_the_paper_table_is_complete_and_consistent():
+    for variant, rows in PAPER.items():
+        assert sorted(rows) == list(range(1, 8))
+        assert all(len(row) == len(COLUMNS) for row in rows.values())
+    assert all(len(row) == len(COLUMNS) for row in PAPER_BASELINES.values())
+    # the one-layer rows are the one-step optimum, the same for every variant up to the paper's rounding
+    for column in range(len(COLUMNS)):
+        values = [PAPER[variant][1][column] for variant in PAPER]
+        assert max(values) - min(values) <= 1.5e-3
+    # TunedRR is the best baseline in every column with noise
+    for column in range(1, len(COLUMNS)):
+        assert PAPER_BASELINES["TunedRR"][column] <= min(PAPER_BASELINES[name][column] for name in PAPER_BASELINES)
+
+
+def test_tiny_table_end_to_end_then_resume_and_refuse(tmp_path):
+    out = tmp_path / "run"
+    rows = run_table1(out, "quick", device="cpu", **TINY)
+    for name in ("results.json", "results.csv", "table.md", "figure.png", "models.pt", "config.json"):
+        assert (out / name).is_file(), name
+    trained = [row for row in rows if row["depth"] is not None]
+    assert len(trained) == 3 * 2 * 2 and len(rows) == len(trained) + 3 * 2
+    for row in rows:
+        assert row["stderr"] > 0 and row["num_tasks"] == 3000 and row["budget"] == "quick"
+    # every cell keeps one of its two seeds, its checkpoint exists, and the one-layer models learned
+    for row in trained:
+        assert row["seed"] in (0, 1) and (out / row["checkpoint"]).is_file() and row["status"] == "finished"
+    one_layer = {row["column"]: row["adjusted_loss"] for row in trained if row["depth"] == 1}
+    assert one_layer["1"] < 2.5 * PAPER["diag"][1][1]
+    with open(out / "results.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == len(rows)
+    table = (out / "table.md").read_text()
+    assert "| Diag 2 layers |" in table and "(0.214)" in table and "| TunedRR |" in table
+    model = load_table1_model("diag", 2, "1", out)
+    assert model.num_layers == 2 and model.config["parameterization"] == "diag"
+
+    # a second run redoes nothing: same numbers, no checkpoint rewritten
+    stamps = {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()}
+    assert run_table1(out, "quick", device="cpu", **TINY) == rows
+    assert {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()} == stamps
+
+    # another configuration is refused with a message naming what differs
+    with pytest.raises(Table1Error, match="another configuration.*budget"):
+        run_table1(out, "quick", device="cpu", **dict(TINY, steps=41))
+
+
+def test_a_killed_run_resumes_without_redoing_finished_models(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    options = dict(TINY, seeds=(0,), columns=["2"])
+    calls = []
+    original = table1.train_sweep
+
+    def killed_on_the_fourth_stack(specs, **kwargs):
+        calls.append(specs[0].name)
+        if len(calls) == 4:                       # GD++, Diag, Full of depth 1 are done; depth 2 starts
+            raise KeyboardInterrupt
+        return original(specs, **kwargs)
+
+    monkeypatch.setattr(table1, "train_sweep", killed_on_the_fourth_stack)
+    with pytest.raises(KeyboardInterrupt):
+        run_table1(out, "quick", device="cpu", **options)
+    assert sorted(path.name for path in (out / "models").iterdir()) == \
+        ["diag-L1-u2-s0.pt", "full-L1-u2-s0.pt", "gdpp-L1-u2-s0.pt"]
+    calls.clear()
+    monkeypatch.setattr(table1, "train_sweep", lambda specs, **kwargs: (calls.append(specs[0].name),
+                                                                         original(specs, **kwargs))[1])
+    rows = run_table1(out, "quick", device="cpu", **options)
+    assert calls == ["gdpp-L2-u2-s0", "diag-L2-u2-s0", "full-L2-u2-s0"]   # depth 1 was not trained again
+    assert len(rows) == 6 + 3
+    # the depth-2 models started from the trained depth-1 models
+    metadata = torch.load(out / "models" / "diag-L2-u2-s0.pt", weights_only=True)["metadata"]
+    assert metadata["spec"]["init"] == "given"
+
+
+def test_bad_input_gets_clear_messages(tmp_path, capsys):
+    not_a_folder = tmp_path / "file.txt"
+    not_a_folder.write_text("")
+    with pytest.raises(Table1Error, match="is a file; pass a folder"):
+        run_table1(not_a_folder, "quick", device="cpu", **TINY)
+    with pytest.raises(Table1Error, match="unknown budget 'huge'"):
+        run_table1(tmp_path / "a", "huge")
+    with pytest.raises(Table1Error, match="unknown variant 'gd'"):
+        run_table1(tmp_path / "a", "quick", variants=["gd"])
+    with pytest.raises(Table1Error, match="unknown column '8'"):
+        run_table1(tmp_path / "a", "quick", columns=["8"])
+    with pytest.raises(Table1Error, match="depth must be 1..7"):
+        run_table1(tmp_path / "a", "quick", depths=[9])
+    with pytest.raises(Table1Error, match="unknown budget setting"):
+        run_table1(tmp_path / "a", "quick", learning_rates=1.0)
+    assert cli(["table1", "--out", str(not_a_folder), "--device", "cpu"]) == 2
+    assert "is a file; pass a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["table1", "--budget", "huge", "--out", str(tmp_path / "b")])
+    assert "invalid choice: 'huge'" in capsys.readouterr().err
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "config.json").write_text(json.dumps({"budget": {"name": "cpu"}}))
+    assert cli(["table1", "--out", str(tmp_path / "c"), "--device", "cpu", "--no-progress"]) == 2
+    assert "another configuration" in capsys.readouterr().err
