@@ -216,10 +216,10 @@ def _verify_gd_matrices(case: Case, output) -> None:
         after = LinearSelfAttention.from_matrices(P, Q)(batch.tokens)
     w_1 = gradient_descent(batch.X, batch.y, eta, 1)[:, 1]
     gd_prediction = (w_1 * batch.x_t).sum(-1)
-    if _close(after[:, -1, -1], gd_prediction):
-        _fail(f"for d={d}, n={n}, eta={eta:g}: the sign is flipped: the query's last coordinate must become "
-              "-<w_1, x_t> (the prediction is minus it), so P's corner is -eta/n, not +eta/n")
     if not _close(-after[:, -1, -1], gd_prediction):
+        if _close(after[:, -1, -1], gd_prediction):   # diagnose only what is wrong
+            _fail(f"for d={d}, n={n}, eta={eta:g}: the sign is flipped: the query's last coordinate must become "
+                  "-<w_1, x_t> (the prediction is minus it), so P's corner is -eta/n, not +eta/n")
         _fail(f"for d={d}, n={n}, eta={eta:g}: the query's prediction is not that of one GD step")
     residuals = batch.y - torch.einsum("bnd,bd->bn", batch.X, w_1)
     if not _close(after[:, :-1, -1], residuals):
@@ -238,10 +238,10 @@ def _verify_transformer_prediction(case: Case, output) -> None:
     w_L = gradient_descent(batch.X, batch.y, eta, num_layers)[:, -1]
     expected = (w_L * batch.x_t).sum(-1)
     layers, steps = _plural(num_layers, "layer"), _plural(num_layers, "GD step")
-    if _close(prediction, -expected):
-        _fail(f"the sign is flipped ({case.label}): the prediction is minus the query's last coordinate, "
-              f"y_hat = -e_t[-1], after the {layers}")
     if not _close(prediction, expected):
+        if _close(prediction, -expected):   # diagnose only what is wrong
+            _fail(f"the sign is flipped ({case.label}): the prediction is minus the query's last coordinate, "
+                  f"y_hat = -e_t[-1], after the {layers}")
         _fail(f"with the GD weights, {layers} should give the prediction of {steps} ({case.label})")
 
 
