@@ -24,6 +24,11 @@ import urllib.request
 import pytest
 from conftest import ROOT
 
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+except ImportError:  # the tests skip; see _missing()
+    PlaywrightTimeout = TimeoutError
+
 pytestmark = pytest.mark.slow
 
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
@@ -113,6 +118,7 @@ ALL_RUN = """() => {
     return prompts.length > 0 && !prompts.some(p => p.textContent.includes('*'))
         && prompts.some(p => /\\[\\d+\\]/.test(p.textContent));
 }"""
+MOVED = "([handle, before]) => handle.getAttribute('aria-valuenow') !== before"
 REDRAWN = """([box, before]) => {
     const image = box.querySelector('.jp-OutputArea img');
     return image !== null && image.getAttribute('src') !== before;
@@ -143,6 +149,37 @@ def _redraw_seconds(page, box, act) -> float:
     return time.monotonic() - start
 
 
+def _press(page, handle, key: str) -> None:
+    """Press ``key`` on a slider handle until the slider's value moves.
+
+    A key press can be lost while JupyterLab is still laying out the cell's output (focus lands
+    before the handle is ready); pressing again is what a learner would do.  A slider that never
+    moves fails here, with its value, rather than as a figure that never redraws.
+    """
+    before = handle.get_attribute("aria-valuenow")
+    for _ in range(5):
+        handle.focus()
+        page.keyboard.press(key)
+        try:
+            page.wait_for_function(MOVED, arg=[handle.element_handle(), before], timeout=5_000)
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError(f"{key} did not move the slider from {before} "
+                         f"(range {handle.get_attribute('aria-valuemin')}-{handle.get_attribute('aria-valuemax')})")
+
+
+def _settle(page, box) -> None:
+    """Wait until the kernel is idle and the widget's figure has stayed the same for two seconds, so
+    that a redraw measured next is caused by the test's own move."""
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=600_000)
+    shown, since = _figure(box), time.monotonic()
+    while time.monotonic() - since < 2:
+        page.wait_for_timeout(250)
+        if _figure(box) != shown:
+            shown, since = _figure(box), time.monotonic()
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda path: path.stem)
 def test_every_slider_of_every_chapter_redraws_its_figure(lab, browser, chapter):
     base, token = lab
@@ -170,20 +207,20 @@ def test_every_slider_of_every_chapter_redraws_its_figure(lab, browser, chapter)
             box = interacts.nth(index)
             box.scroll_into_view_if_needed()
             assert _figure(box) is not None, f"widget {index} shows no figure after running all cells"
+            _settle(page, box)
             handles = box.locator(".noUi-handle")
             assert handles.count() >= 1
             for slider in range(handles.count()):
                 def move(handle=handles.nth(slider)):
-                    handle.focus()
-                    page.keyboard.press("ArrowRight")
+                    at_end = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+                    _press(page, handle, "ArrowLeft" if at_end else "ArrowRight")
                 timings[f"widget {index}, slider {slider} (keyboard)"] = _redraw_seconds(page, box, move)
             # typing: step the first slider back (its figure redraws), note the value, step forward
             # again, then type the noted value into the box
             readout = box.locator(".widget-readout").first
 
             def step(key):
-                handles.first.focus()
-                page.keyboard.press(key)
+                _press(page, handles.first, key)
             _redraw_seconds(page, box, lambda: step("ArrowLeft"))
             shown = readout.inner_text().strip()
             _redraw_seconds(page, box, lambda: step("ArrowRight"))
