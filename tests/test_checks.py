@@ -63,10 +63,10 @@ MISTAKES = {
     "transformer_prediction": (lambda tokens, P, Q, num_layers: tokens[:, -1, -1], "the prediction of 1 GD step "),
     "best_step_size": (lambda d, n, num_tasks=20_000, seed=0: n / (n + d + 1), "smallest mean loss"),
     "fourth_moment": (lambda d: d * d, "E||x||^4"),
-    "optimal_coefficient": (lambda d, n, second_moment=0.0: 1 / (n + d + 1), "minimiser"),
-    "one_step_loss": (lambda d, n, second_moment, c: 0.5 * d * (1 - 2 * c * n + c**2 * n * (n + d + 1)),
+    "optimal_coefficient": (lambda d, n, second_moment=0.0: 1 / (n + d + 2 + second_moment), "minimiser"),
+    "one_step_loss": (lambda d, n, second_moment, c: 0.5 * d * (1 - c * n + c**2 * n * (n + d + 1 + second_moment)),
                       "closed form"),
-    "bilinear_B": (lambda P, Q: -(P[-1, -1] * Q[:-1, :-1] + torch.outer(P[-1, :-1], Q[-1, :-1])), "B is wrong"),
+    "bilinear_B": (lambda P, Q: -P[-1, -1] * Q[:-1, :-1].T, "B is wrong"),
     "optimal_preconditioner": (
         lambda S, n, second_moment=0.0: torch.linalg.inv(S) / (n + S.shape[0] + 1 + second_moment),
         "the best B when w ~ N\\(0, S\\^-1\\)"),
@@ -223,6 +223,37 @@ def test_the_likely_mistakes_are_named(answers):
         return torch.linalg.inv(S) / (n + S.shape[0] + 1 + second_moment)
     with pytest.raises(checks.CheckFailed, match="best B when w ~ N\\(0, S\\^-1\\)"):
         run("optimal_preconditioner", other_prior, seed=0)
+    with pytest.raises(checks.CheckFailed, match="best B when w ~ N\\(0, S\\^-1\\)"):  # any multiple of S^-1
+        run("optimal_preconditioner", lambda S, n, second_moment: torch.linalg.inv(S) / (n + 1), seed=0)
+
+
+@pytest.mark.parametrize("name, mistake, message", [
+    ("best_step_size", lambda d, n, num_tasks=20_000, seed=0: n / (n + d + 1), "limit for infinitely many tasks"),
+    ("optimal_coefficient", lambda d, n, second_moment=0.0: 1 / (n + d + 1), "the noise is missing"),
+    ("optimal_coefficient", lambda d, n, second_moment=0.0: n / (n + d + 1 + second_moment), "the step eta"),
+    ("optimal_coefficient", lambda d, n, second_moment=0.0: 1 / n, "1/n is the step"),
+    ("one_step_loss", lambda d, n, second_moment, c: d * (1 - 2 * c * n + c**2 * n * (n + d + 1 + second_moment)),
+     "twice the loss"),
+    ("one_step_loss", lambda d, n, second_moment, c: 0.5 * d * (1 - 2 * c * n + c**2 * n * (n + d + 1)),
+     "the noise is missing"),
+])
+def test_likely_mistakes_in_the_step_size_tasks_are_named(answers, name, mistake, message):
+    with pytest.raises(checks.CheckFailed, match=message):
+        run(name, mistake, seed=3)
+
+
+def test_a_line_search_over_c_instead_of_eta_is_named(answers):
+    def coefficient(d, n, num_tasks=20_000, seed=0):
+        return answers["best_step_size"](d, n, num_tasks, seed) / n
+    with pytest.raises(checks.CheckFailed, match="the coefficient c = eta / n"):
+        run("best_step_size", coefficient, seed=3)
+
+
+def test_a_flipped_or_transposed_B_is_named(answers):
+    with pytest.raises(checks.CheckFailed, match="the sign is flipped"):
+        run("bilinear_B", lambda P, Q: -answers["bilinear_B"](P, Q), seed=0)
+    with pytest.raises(checks.CheckFailed, match="B is transposed"):
+        run("bilinear_B", lambda P, Q: answers["bilinear_B"](P, Q).T, seed=0)
 
 
 def test_messages_count_layers_in_good_english():
