@@ -15,6 +15,9 @@ __all__ = ["setup_notebook", "plot_estimates", "plot_task_fits"]
 COLORS = {
     "least squares": "#4c72b0", "oracle ridge": "#222222", "ridge": "#222222", "ConstRR": "#dd8452",
     "AdaRR": "#55a868", "TunedRR": "#c44e52", "truth": "#8c8c8c",
+    # chapter 3: the optimisers GD++ is compared with, a trained model, and a task's eigenvalues
+    "gradient descent": "#4c72b0", "trained model": "#c44e52", "GD++": "#8172b3",
+    "Newton's iteration": "#937860", "conjugate gradient": "#da8bc3", "eigenvalues": "#dd8452",
 }
 
 

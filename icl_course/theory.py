@@ -6,6 +6,7 @@ executable.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,8 @@ from .models import next_gram
 __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
            "preconditioned_one_step_loss", "one_layer_bilinear_form", "ImplicitLinearModel",
            "implicit_model_step", "implicit_linear_model", "gdpp_spectrum", "condition_number",
-           "gdpp_layers_needed", "two_noise_construction", "best_linear_cosine"]
+           "gdpp_layers_needed", "gdpp_one_layer_condition", "gdpp_best_one_layer_scale",
+           "two_noise_construction", "best_linear_cosine"]
 
 
 def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> float:
@@ -188,13 +190,14 @@ def implicit_linear_model(model, X: torch.Tensor, y: torch.Tensor) -> ImplicitLi
     M, u, a, w = (torch.stack(values, dim=1) for values in zip(*history))
     return ImplicitLinearModel(M=M, u=u, a=a, w=w)
 
-def gdpp_spectrum(eigenvalues: torch.Tensor, num_layers: int, gamma=None) -> torch.Tensor:
+
+def gdpp_spectrum(eigenvalues: torch.Tensor, num_layers: int, gamma=None, gamma_scale: float = 1.0) -> torch.Tensor:
     """The eigenvalues of ``Sigma^l`` through ``num_layers`` GD++ layers (Vladymyrov et al. 2024, section 5.1).
 
     A GD++ layer moves every ``x_i`` by ``I - gamma Sigma`` (``gamma = -w_xx``), so
     ``Sigma <- (I - gamma Sigma) Sigma (I - gamma Sigma)`` and each eigenvalue maps to
-    ``lambda (1 - gamma lambda)^2``.  ``gamma=None`` uses Theorem 5.1's ``1 / (3 lambda_max)`` of the
-    current layer; a number uses it at every layer.
+    ``lambda (1 - gamma lambda)^2``.  ``gamma=None`` uses ``gamma_scale / (3 lambda_max)`` of the
+    current layer (``gamma_scale = 1`` is Theorem 5.1's choice); a number uses it at every layer.
     Shapes: ``eigenvalues`` (..., d) -> (..., num_layers + 1, d), the input first.
     """
     values = torch.as_tensor(eigenvalues)
@@ -202,7 +205,7 @@ def gdpp_spectrum(eigenvalues: torch.Tensor, num_layers: int, gamma=None) -> tor
         raise ValueError(f"num_layers must be an integer >= 0, got {num_layers!r}")
     history = [values]
     for _ in range(num_layers):
-        step = 1 / (3 * values.max(-1, keepdim=True).values) if gamma is None else gamma
+        step = gamma_scale / (3 * values.max(-1, keepdim=True).values) if gamma is None else gamma
         values = values * (1 - step * values) ** 2
         history.append(values)
     return torch.stack(history, dim=-2)
@@ -216,7 +219,16 @@ def condition_number(eigenvalues: torch.Tensor) -> torch.Tensor:
 
 def gdpp_layers_needed(kappa: float, eps: float) -> int:
     """GD++ layers (``gamma = 1/(3 lambda_max)``) until the condition number is at most ``1 + eps``,
-    plus the final GD step that then solves the problem (Theorem 5.1, Vladymyrov et al. 2024)."""
+    plus the final GD step (Theorem 5.1, Vladymyrov et al. 2024).
+
+    The map is increasing on ``[0, lambda_max]``, so the extreme eigenvalues stay extreme and the
+    spectrum ``{1, kappa}`` stands for every spectrum with that condition number.  This counts to
+    ``1 + eps``; the theorem's proof runs on to ``1 + eps / (2 kappa)`` so that its guarantee holds
+    in the original coordinates.  After the layers, one GD step with the best constant step
+    ``2 / (lambda_min + lambda_max)`` leaves a relative error of at most ``(kappa' - 1) / (kappa' + 1)``
+    in every eigendirection, so ``gdpp_layers_needed(kappa, 2 e / (1 - e))`` layers reach relative
+    error ``e`` in ``w``.
+    """
     if not kappa >= 1 or not 0 < eps:
         raise ValueError(f"need kappa >= 1 and eps > 0, got kappa={kappa}, eps={eps}")
     spectrum = torch.tensor([1.0, float(kappa)], dtype=torch.float64)
@@ -225,6 +237,41 @@ def gdpp_layers_needed(kappa: float, eps: float) -> int:
         spectrum = gdpp_spectrum(spectrum, 1)[1]
         layers += 1
     return layers + 1
+
+
+def gdpp_one_layer_condition(kappa: float, gamma_scale: float) -> float:
+    """The condition number after one GD++ layer with ``gamma = gamma_scale / (3 lambda_max)`` when
+    the eigenvalues fill ``[1, kappa]`` (an upper bound for any spectrum with those extremes).
+
+    ``f(lambda) = lambda (1 - gamma lambda)^2`` rises to its peak ``4 / (27 gamma)`` at
+    ``lambda = 1 / (3 gamma) = kappa / gamma_scale`` and falls to zero at ``1 / gamma``.  For
+    ``gamma_scale <= 1`` the peak lies beyond ``kappa`` and the new condition number is
+    ``f(kappa) / f(1)``; above 1 the peak lies inside and the map folds the spectrum.  The minimum
+    is always ``min(f(1), f(kappa))``.  Needs ``0 < gamma_scale < 3`` (at 3, ``f(kappa) = 0``).
+    """
+    if not kappa >= 1 or not 0 < gamma_scale < 3:
+        raise ValueError(f"need kappa >= 1 and 0 < gamma_scale < 3, got kappa={kappa}, gamma_scale={gamma_scale}")
+    gamma = gamma_scale / (3 * kappa)
+    image = lambda value: value * (1 - gamma * value) ** 2  # noqa: E731
+    peak = image(min(kappa, max(1.0, kappa / gamma_scale)))
+    return peak / min(image(1.0), image(float(kappa)))
+
+
+def gdpp_best_one_layer_scale(kappa: float) -> float:
+    """The ``gamma_scale`` (``gamma lambda_max = gamma_scale / 3``) that minimises
+    :func:`gdpp_one_layer_condition`: ``3 (sqrt(kappa) - 1) / (sqrt(kappa) - 1 / kappa)``.
+
+    Up to ``gamma_scale = 1`` the new condition number falls as the step grows; beyond it the peak
+    ``4 kappa / (9 gamma_scale)`` keeps falling while ``f(1) <= f(kappa)``, and the best step is where
+    the two ends meet, ``f(1) = f(kappa)``.  It tends to 1 (the theorem's ``1/3``) as ``kappa -> 1``,
+    like ``1 + (kappa - 1) / 2``, and to 3 (``gamma lambda_max -> 1``) as ``kappa`` grows.
+    """
+    if not kappa >= 1:
+        raise ValueError(f"need kappa >= 1, got kappa={kappa}")
+    root = math.sqrt(kappa)
+    if root - 1 < 1e-12:
+        return 1.0
+    return 3 * (root - 1) / (root - 1 / kappa)
 
 
 def two_noise_construction(n: int, sigma_1: float, sigma_2: float) -> list[dict]:

@@ -11,7 +11,7 @@ from .baselines import gradient_descent, least_squares, ridge
 from .data import RegressionTasks
 from .evaluate import query_averaged_loss
 from .models import LinearTransformer, gd_construction
-from .plots import plot_task_fits
+from .plots import COLORS, plot_task_fits
 
 __all__ = ["show_task_fits", "task_explorer", "show_gd_and_transformer", "gd_explorer",
            "show_one_step_loss", "step_size_explorer", "show_gdpp_spectrum", "gdpp_explorer"]
@@ -162,34 +162,33 @@ def show_gdpp_spectrum(kappa: float = 100.0, gamma_scale: float = 1.0, num_layer
 
     ``d`` eigenvalues spread geometrically over ``[1, kappa]``; every layer uses
     ``gamma = gamma_scale / (3 lambda_max)`` of its current spectrum (``gamma_scale = 1`` is the
-    theorem's choice).  Left: the map ``lambda -> lambda (1 - gamma lambda)^2`` of the first layer;
-    middle: the spectrum after each layer; right: the condition number per layer.  Returns the figure.
+    theorem's choice; :func:`~icl_course.theory.gdpp_best_one_layer_scale` is the best single layer).
+    Left: the map ``lambda -> lambda (1 - gamma lambda)^2`` of the first layer; middle: the spectrum
+    after each layer; right: the condition number per layer.  Returns the figure.
     """
     from . import theory
 
     eigenvalues = torch.logspace(0, torch.log10(torch.tensor(float(kappa))).item(), d, dtype=torch.float64)
-    spectra = [eigenvalues]
-    for _ in range(num_layers):
-        current = spectra[-1]
-        spectra.append(theory.gdpp_spectrum(current, 1, gamma_scale / (3 * current.max()))[1])
-    spectra = torch.stack(spectra)
+    spectra = theory.gdpp_spectrum(eigenvalues, num_layers, gamma_scale=gamma_scale)
     figure, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     grid = torch.linspace(0, float(eigenvalues.max()), 300, dtype=torch.float64)
     gamma = gamma_scale / (3 * eigenvalues.max())
-    axes[0].plot(grid, grid * (1 - gamma * grid) ** 2, color="#4c72b0")
-    axes[0].plot(eigenvalues, eigenvalues * (1 - gamma * eigenvalues) ** 2, "o", color="#c44e52", markersize=4,
-                 label="the task's eigenvalues")
+    axes[0].plot(grid, grid * (1 - gamma * grid) ** 2, color=COLORS["GD++"])
+    axes[0].plot(eigenvalues, eigenvalues * (1 - gamma * eigenvalues) ** 2, "o", color=COLORS["eigenvalues"],
+                 markersize=4, label="the task's eigenvalues")
     axes[0].set_xlabel("eigenvalue $\\lambda$ of $\\Sigma$")
     axes[0].set_ylabel("$\\lambda(1 - \\gamma\\lambda)^2$")
-    axes[0].set_title(f"one layer, $\\gamma\\lambda_{{max}}$ = {gamma_scale / 3:.2f}")
+    best = theory.gdpp_best_one_layer_scale(float(kappa)) / 3
+    axes[0].set_title(f"one layer: $\\gamma\\lambda_{{max}}$ = {gamma_scale / 3:.2f} (best for one: {best:.2f})",
+                      fontsize=10)
     axes[0].legend(fontsize=8)
     for layer, values in enumerate(spectra):
-        axes[1].plot([layer] * d, (values / values.max()).clamp_min(1e-300), ".", color="#4c72b0")
+        axes[1].plot([layer] * d, (values / values.max()).clamp_min(1e-300), ".", color=COLORS["eigenvalues"])
     axes[1].set_yscale("log")
     axes[1].set_xlabel("layer $l$")
     axes[1].set_ylabel("eigenvalues of $\\Sigma^l$ / largest")
     conditions = theory.condition_number(spectra)
-    axes[2].semilogy(range(num_layers + 1), conditions - 1, "o-", color="#55a868")
+    axes[2].semilogy(range(num_layers + 1), conditions - 1, "o-", color=COLORS["GD++"])
     axes[2].set_xlabel("layer $l$")
     axes[2].set_ylabel("condition number $-$ 1")
     axes[2].set_title(f"kappa = {kappa:g}")

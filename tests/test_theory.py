@@ -103,16 +103,17 @@ def test_implicit_linear_model_follows_every_token_through_every_layer(float64_t
 
 
 def test_the_printed_plus_sign_of_the_M_update_is_a_typo(float64_tasks):
-    """Seed 002 prints M <- (I + A) M + b w^T; with that sign the second layer's tokens disagree."""
+    """Vladymyrov et al. (2024) print M <- (I + A) M + b w^T (their A, b are our T_xx, t_xy); with
+    that sign the second layer's tokens disagree."""
     model = random_full_model(3, num_layers=2, num_heads=1, seed=5)
     batch = float64_tasks(d=3, n=7).sample(4, seed=2)
     implicit = theory.implicit_linear_model(model, batch.X, batch.y)
     tokens = model.transform_tokens(batch.tokens)[2]
     first_layer_tokens = model.transform_tokens(batch.tokens)[1][:, :-1]
     mixing = model.layers[1].mixing(first_layer_tokens.transpose(1, 2) @ first_layer_tokens)
-    A, b = mixing[:, :3, :3], mixing[:, :3, 3]
+    T_xx, t_xy = mixing[:, :3, :3], mixing[:, :3, 3]
     M_1, w_1 = implicit.M[:, 0], implicit.w[:, 0]
-    typo = M_1 + A @ M_1 + b.unsqueeze(-1) * w_1.unsqueeze(-2)
+    typo = M_1 + T_xx @ M_1 + t_xy.unsqueeze(-1) * w_1.unsqueeze(-2)
     x_context_typo = implicit_tokens(implicit, 1, batch, M=typo)[0]
     assert (tokens[:, :-1, :-1] - x_context_typo).abs().max() > 1e-3
     torch.testing.assert_close(tokens[:, :-1, :-1], implicit_tokens(implicit, 1, batch)[0], rtol=1e-11, atol=1e-11)
@@ -155,6 +156,74 @@ def test_theorem_5_1_condition_number_shrinks_then_squares():
     layers = theory.condition_number(theory.gdpp_spectrum(torch.tensor([1.0, 1e6], dtype=torch.float64), 40))
     reached = [int((layers - 1 > eps).sum()) for eps in (1e-2, 1e-4, 1e-8)]
     assert reached[1] - reached[0] <= 2 and reached[2] - reached[1] <= 2  # squaring: eps^2 costs about one layer
+
+
+def dense_condition_after_one_layer(kappa, gamma_scale, points=200_001):
+    spectrum = torch.linspace(1.0, kappa, points, dtype=torch.float64)
+    return theory.condition_number(theory.gdpp_spectrum(spectrum, 1, gamma_scale=gamma_scale)[1]).item()
+
+
+@pytest.mark.parametrize("kappa", [1.0, 1.05, 2.0, 100.0, 1e4])
+def test_one_layer_condition_number_in_closed_form_matches_a_dense_spectrum(kappa):
+    for gamma_scale in (0.3, 1.0, 1.04, 1.5, 2.7, 2.95):
+        closed = theory.gdpp_one_layer_condition(kappa, gamma_scale)
+        assert closed == pytest.approx(dense_condition_after_one_layer(kappa, gamma_scale), rel=1e-8)
+    with pytest.raises(ValueError, match="gamma_scale < 3"):
+        theory.gdpp_one_layer_condition(kappa, 3.0)
+
+
+def test_the_theorem_step_is_the_best_single_layer_only_as_kappa_goes_to_one():
+    """Chapter 3's widget: above gamma lambda_max = 1/3 one layer does *better* while kappa is large."""
+    scales = torch.linspace(0.05, 2.99, 589, dtype=torch.float64).tolist()
+    for kappa in (1.001, 1.1, 2.0, 100.0, 1e4):
+        best = theory.gdpp_best_one_layer_scale(kappa)
+        at_best = theory.gdpp_one_layer_condition(kappa, best)
+        assert at_best <= min(theory.gdpp_one_layer_condition(kappa, s) for s in scales) * (1 + 1e-12)
+        assert best > 1 and at_best < theory.gdpp_one_layer_condition(kappa, 1.0)
+    # the best step tends to the theorem's like 1 + (kappa - 1) / 2, and to gamma lambda_max = 1 for large kappa
+    assert (theory.gdpp_best_one_layer_scale(1.001) - 1) / 0.001 == pytest.approx(0.5, rel=0.01)
+    assert theory.gdpp_best_one_layer_scale(1.0) == 1.0 and theory.gdpp_best_one_layer_scale(1e8) > 2.999
+    # the review's numbers at kappa = 100 (20 eigenvalues spread geometrically, as in the widget)
+    spectrum = torch.logspace(0, 2, 20, dtype=torch.float64)
+    one_layer = [theory.condition_number(theory.gdpp_spectrum(spectrum, 1, gamma_scale=s)[1]).item()
+                 for s in (1.0, 1.5, 1.8)]
+    assert [round(value, 1) for value in one_layer] == [44.7, 29.8, 24.8]
+    best = theory.gdpp_best_one_layer_scale(100.0)
+    assert theory.gdpp_one_layer_condition(100.0, best) == pytest.approx(16.74, abs=0.01)
+
+
+def test_only_the_theorem_step_squares_the_distance_to_one():
+    """With a fixed gamma_scale s per layer, near kappa = 1 the map is monotone decreasing for s > 1 and
+    increasing for s < 1 and kappa' - 1 ~ |1 - s| / (1 - s/3) (kappa - 1): linear for s != 1,
+    neutral at s = 3/2, growing beyond; only s = 1 removes the first-order term."""
+    spectrum = torch.logspace(0, 2, 20, dtype=torch.float64)                 # kappa = 100
+
+    def distances(gamma_scale, num_layers):
+        spectra = theory.gdpp_spectrum(spectrum, num_layers, gamma_scale=gamma_scale)
+        return (theory.condition_number(spectra) - 1).tolist()
+
+    assert distances(1.0, 11)[-1] < 1e-12                                    # squares: done in 11 layers
+    for gamma_scale in (0.8, 1.2):                                           # linear, at the predicted rate
+        path = distances(gamma_scale, 30)
+        rate = abs(1 - gamma_scale) / (1 - gamma_scale / 3)
+        assert path[20] / path[19] == pytest.approx(rate, rel=0.02) and path[10] > 1e-7
+    assert distances(1.5, 40)[-1] > 1e-2                                     # neutral: crawls
+    assert distances(1.8, 40)[-1] > 0.4                                      # stalls far from 1
+    # choosing each layer's step as the one-layer optimum beats the theorem's fixed 1/3
+    greedy, layers = torch.logspace(0, 6, 20, dtype=torch.float64), 0
+    while theory.condition_number(greedy) - 1 > 1e-10:
+        scale = theory.gdpp_best_one_layer_scale(theory.condition_number(greedy).item())
+        greedy, layers = theory.gdpp_spectrum(greedy, 1, gamma_scale=scale)[1], layers + 1
+    assert layers + 1 < theory.gdpp_layers_needed(1e6, 1e-10) - 5
+
+
+def test_gdpp_spectrum_gamma_scale_is_a_multiple_of_the_theorem_step():
+    spectrum = torch.tensor([[1.0, 3.0, 9.0], [2.0, 4.0, 5.0]], dtype=torch.float64)
+    scaled = theory.gdpp_spectrum(spectrum, 3, gamma_scale=1.5)
+    by_hand = spectrum
+    for layer in range(1, 4):
+        by_hand = by_hand * (1 - 1.5 / (3 * by_hand.max(-1, keepdim=True).values) * by_hand) ** 2
+        torch.testing.assert_close(scaled[:, layer], by_hand, rtol=1e-14, atol=0)
 
 
 def test_a_w_xy_layer_turns_the_next_step_into_minus_w_yx_times_one_plus_w_xy_lambda(float64_tasks):
