@@ -16,6 +16,7 @@ from icl_course import (
     noise_variance_estimate,
     oracle_ridge,
     ridge,
+    table1,
     theory,
     tune_step_sizes,
 )
@@ -24,12 +25,7 @@ from icl_course.evaluate import query_averaged_loss
 
 # Table 1 of Vladymyrov et al. 2024 (appendix B): columns U(0, 0..7), {1,3}, {1,3,5}
 NOISES = [UniformNoise(s) for s in range(8)] + [CategoricalNoise([1, 3]), CategoricalNoise([1, 3, 5])]
-PAPER = {
-    "one layer": [1.768, 1.639, 1.396, 1.175, 1.015, 0.907, 0.841, 0.806, 1.007, 0.819],
-    "ConstRR": [0, 0.009, 0.066, 0.161, 0.265, 0.365, 0.454, 0.530, 0.222, 0.422],
-    "AdaRR": [0, 0.003, 0.016, 0.034, 0.053, 0.068, 0.081, 0.092, 0.051, 0.084],
-    "TunedRR": [0, 0.002, 0.010, 0.023, 0.037, 0.049, 0.060, 0.068, 0.021, 0.054],
-}
+PAPER = {"one layer": table1.PAPER["gdpp"][1], **table1.PAPER_BASELINES}
 
 
 def test_least_squares_recovers_noiseless_weights(float64_tasks):

@@ -6,7 +6,15 @@ import torch
 
 from icl_course import table1
 from icl_course.__main__ import main as cli
-from icl_course.table1 import COLUMNS, PAPER, PAPER_BASELINES, Table1Error, load_table1_model, run_table1
+from icl_course.table1 import (
+    COLUMNS,
+    PAPER,
+    PAPER_BASELINES,
+    Table1Error,
+    load_results,
+    load_table1_model,
+    run_table1,
+)
 
 # a pipeline check with tiny numbers: two columns, two depths, every variant, two seeds
 TINY = dict(depths=(1, 2), columns=["1", "{1,3}"], progress=False, verbose=False, steps=40, batch_size=64,
@@ -111,3 +119,30 @@ def test_bad_input_gets_clear_messages(tmp_path, capsys):
     (tmp_path / "c" / "config.json").write_text(json.dumps({"budget": {"name": "cpu"}}))
     assert cli(["table1", "--out", str(tmp_path / "c"), "--device", "cpu", "--no-progress"]) == 2
     assert "another configuration" in capsys.readouterr().err
+
+
+def test_the_shipped_results_are_complete_scored_on_enough_tasks_and_match_the_paper_where_they_should():
+    """The results shipped in the package (``--budget gpu``, depths 1-5; see its README)."""
+    rows = load_results()
+    cells = {(row["variant"], row["depth"], row["column"]): row for row in rows if row["depth"] is not None}
+    assert {(variant, depth) for variant, depth, _ in cells} == {(v, d) for v in PAPER for d in range(1, 6)}
+    for (variant, depth, column), row in cells.items():
+        # heavy tails from 3 layers on: a million tasks at least (the course's rule)
+        assert row["num_tasks"] >= (1_000_000 if depth >= 3 else 100_000)
+        assert row["stderr"] >= 0 and row["paper"] == PAPER[variant][depth][COLUMNS.index(column)]
+    # one layer: the closed-form optimum, so every variant lands within 2% of the paper
+    for variant in PAPER:
+        for column in COLUMNS:
+            row = cells[variant, 1, column]
+            assert abs(row["adjusted_loss"] - row["paper"]) <= 0.02 * row["paper"], row
+    # the baselines, against the paper within the combined Monte-Carlo error (the paper scored 100 000
+    # tasks, so its standard error is ours times sqrt(num_tasks / 100 000)) and its rounding
+    baselines = {(row["model"], row["column"]): row for row in rows if row["depth"] is None}
+    for index, column in enumerate(COLUMNS):
+        for name in PAPER_BASELINES:
+            row = baselines[name, column]
+            combined = row["stderr"] * (1 + row["num_tasks"] / 100_000) ** 0.5
+            assert abs(row["adjusted_loss"] - PAPER_BASELINES[name][index]) <= 4 * combined + 5e-4, row
+    # the shipped selected model of a cell is the one that was scored
+    model = load_table1_model("diag", 5, "5")
+    assert model.config["num_layers"] == 5 and model.config["parameterization"] == "diag"
