@@ -7,6 +7,8 @@ exercise notebooks call two functions of this module:
 
 * ``checks.self_check("merged_form", merged_form)`` (visible): verifies the examples in the
   learner's own kernel, so that the learner sees at once what is wrong;
+* ``checks.hint("merged_form")`` opens the task's next hint, and ``checks.progress(1)`` shows which
+  of chapter 1's tasks passed their self-check in this kernel;
 * ``checks.record("merged_form", merged_form)`` (in the hidden tests).  Under grading,
   :mod:`icl_course.grading.grade` puts ``ICL_COURSE_ANSWERS`` (a folder) and ``ICL_COURSE_SEED`` in the
   kernel's environment, and ``record`` only calls the function on inputs drawn from that seed and
@@ -38,10 +40,11 @@ import torch
 from . import theory
 from .baselines import gradient_descent, newton_inverse
 from .data import RegressionTasks
+from .hints import HINTS
 from .models import LinearSelfAttention, gd_construction
 
 __all__ = ["Case", "Check", "CheckFailed", "SelfCheckFailed", "CHECKS", "self_check", "record", "verify_recorded",
-           "recorded_names", "giveaways_used", "ANSWERS_VARIABLE", "SEED_VARIABLE"]
+           "recorded_names", "giveaways_used", "hint", "progress", "Progress", "ANSWERS_VARIABLE", "SEED_VARIABLE"]
 
 ANSWERS_VARIABLE = "ICL_COURSE_ANSWERS"
 SEED_VARIABLE = "ICL_COURSE_SEED"
@@ -592,13 +595,81 @@ def self_check(name: str, function: Callable) -> None:
     """
     check = _find(name)
     cases = check.examples() + check.draw(random.Random(f"{name}:self-check"))
+    _OUTCOMES[name] = "failed: the function raised an error"   # until every case has passed
     for case in cases:
         output = _portable(function(**copy.deepcopy(case.arguments)))
         try:
             check.verify(case, output)
         except CheckFailed as failure:
-            raise SelfCheckFailed(f"{name}: {failure}") from None
+            _OUTCOMES[name] = f"failed: {str(failure).splitlines()[0][:160]}"
+            stuck = f" (stuck? checks.hint({name!r}) opens a hint)" if name in HINTS else ""
+            raise SelfCheckFailed(f"{name}: {failure}{stuck}") from None
+    _OUTCOMES[name] = "passed"
     print(f"{name}: passed ({len(cases)} cases)")
+
+
+# what the self-checks of this kernel found, and how many hints each task has opened
+_OUTCOMES: dict[str, str] = {}
+_HINTS_SHOWN: dict[str, int] = {}
+
+
+def hint(name: str) -> None:
+    """Print the next hint of the task ``name`` (the first call the first hint, and so on).
+
+    The first hint points the way; the last one nearly gives the answer.  ``checks.hint(name)``
+    after the last one repeats it.
+    """
+    _find(name)
+    hints = HINTS.get(name, ())
+    if not hints:
+        print(f"{name}: this task has no hints")
+        return
+    shown = min(_HINTS_SHOWN.get(name, 0) + 1, len(hints))
+    _HINTS_SHOWN[name] = shown
+    for number in range(1, shown + 1):
+        print(f"hint {number} of {len(hints)}: {hints[number - 1]}")
+    if shown < len(hints):
+        print(f"(call checks.hint({name!r}) again for the next)")
+
+
+@dataclass
+class Progress:
+    """A chapter's tasks and what their self-checks found in this kernel (a table in Jupyter)."""
+
+    chapter: int
+    rows: list  # (task, name, status, hints opened)
+
+    @property
+    def passed(self) -> int:
+        return sum(status == "passed" for _, _, status, _ in self.rows)
+
+    def __str__(self) -> str:
+        lines = [f"chapter {self.chapter}: {self.passed} of {len(self.rows)} tasks passed their self-check"]
+        lines += [f"  task {task}  {name:28s} {status}" + (f"  ({hints} hints)" if hints else "")
+                  for task, name, status, hints in self.rows]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        from html import escape
+        cells = "".join(
+            f"<tr><td>{task}</td><td><code>{escape(name)}</code></td><td>{'&#10004; ' if status == 'passed' else ''}"
+            f"{escape(status)}</td><td>{hints or ''}</td></tr>" for task, name, status, hints in self.rows)
+        return (f"<p>Chapter {self.chapter}: {self.passed} of {len(self.rows)} tasks passed their self-check "
+                f"in this kernel.</p><table><thead><tr><th>task</th><th>function</th><th>self-check</th>"
+                f"<th>hints opened</th></tr></thead><tbody>{cells}</tbody></table>")
+
+
+def progress(chapter: int) -> Progress:
+    """The tasks of ``chapter`` with what their self-checks found in this kernel: passed, failed (and
+    why, in a line), or not run yet.  Grading decides the points on its own; this is for the learner."""
+    tasks = sorted((check.task, check.name) for check in CHECKS.values() if check.chapter == chapter)
+    if not tasks:
+        chapters = sorted({check.chapter for check in CHECKS.values()})
+        raise ValueError(f"no graded tasks in chapter {chapter!r}; the chapters with tasks are {chapters}")
+    return Progress(chapter, [(task, name, _OUTCOMES.get(name, "not run yet"), _HINTS_SHOWN.get(name, 0))
+                              for task, name in tasks])
 
 
 def record(name: str, function: Callable) -> None:

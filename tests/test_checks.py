@@ -133,6 +133,45 @@ def test_a_failed_self_check_shows_its_message_without_a_traceback():
     assert "merged_form: " in shown and "Traceback" not in shown and "File " not in shown
 
 
+def test_every_task_has_hints_that_open_one_at_a_time(capsys):
+    from icl_course.hints import HINTS
+    assert set(HINTS) == set(checks.CHECKS), "every graded task needs hints, and every hint a task"
+    for name, hints in HINTS.items():
+        assert len(hints) >= 3 and len(set(hints)) == len(hints), name
+    checks._HINTS_SHOWN.clear()
+    checks.hint("gdpp_layers")
+    first = capsys.readouterr().out
+    assert "hint 1 of 3" in first and "hint 2" not in first and "again for the next" in first
+    for _ in range(5):   # past the last one, the last is repeated, never an error
+        checks.hint("gdpp_layers")
+    last = capsys.readouterr().out.split("hint 1 of 3")[-1]
+    assert "hint 3 of 3" in last and "again for the next" not in last
+    with pytest.raises(KeyError, match="no check named"):
+        checks.hint("gdpp")
+
+
+def test_progress_shows_what_the_self_checks_of_this_kernel_found():
+    checks._OUTCOMES.clear()
+    checks._HINTS_SHOWN.clear()
+    table = checks.progress(2)
+    assert [row[1] for row in table.rows][:2] == ["fourth_moment", "fourth_moment_monte_carlo"]
+    assert table.passed == 0 and all(row[2] == "not run yet" for row in table.rows)
+    checks.self_check("fourth_moment", lambda d: d * (d + 2))
+    with pytest.raises(checks.SelfCheckFailed, match=r"stuck\? checks.hint\('optimal_coefficient'\)"):
+        checks.self_check("optimal_coefficient", lambda d, n, second_moment=0.0: 0.1)
+    with pytest.raises(ZeroDivisionError):   # a function that crashes counts as failed, not as passed
+        checks.self_check("one_step_loss", lambda d, n, second_moment, c: 1 / 0)
+    checks.hint("optimal_coefficient")
+    status = {name: (outcome, hints) for _, name, outcome, hints in checks.progress(2).rows}
+    assert status["fourth_moment"] == ("passed", 0)
+    assert status["optimal_coefficient"][0].startswith("failed: for d=10") and status["optimal_coefficient"][1] == 1
+    assert status["one_step_loss"][0].startswith("failed") and status["bilinear_B"][0] == "not run yet"
+    shown = str(checks.progress(2))
+    assert shown.startswith("chapter 2: 1 of 6 tasks passed") and "<td>" in checks.progress(2)._repr_html_()
+    with pytest.raises(ValueError, match="chapters with tasks are"):
+        checks.progress(9)
+
+
 def test_self_checks_try_drawn_cases_beyond_the_fixed_examples():
     seen = []
 

@@ -1,0 +1,110 @@
+"""Hints for the graded exercises, opened one at a time with ``checks.hint("name")``.
+
+Each task has a few hints, in order: the first points the way, the middle ones narrow it down, the
+last one nearly gives the answer.  They live here, beside the checks, rather than in the notebooks,
+so that a learner sees only as much as they ask for.
+"""
+
+from __future__ import annotations
+
+HINTS: dict[str, tuple[str, ...]] = {
+    # chapter 1
+    "merged_form": (
+        "Write the score <W_Q e_i, W_K e_j> as one bilinear form e_j^T (something) e_i.",
+        "<W_Q e_i, W_K e_j> = e_j^T W_K^T W_Q e_i, and the value path W_P W_V e_j is one matrix too.",
+        "P = W_P W_V and Q = W_K^T W_Q.",
+    ),
+    "linear_attention": (
+        "Pull everything that does not depend on i out of the sum over j.",
+        "sum_j (e_j^T Q e_i) P e_j = P (sum_j e_j e_j^T) Q e_i: one Gram matrix G = C^T C of the context tokens C.",
+        "With tokens as rows (B, n+1, D): tokens + tokens @ (P @ G @ Q).transpose(1, 2), G from tokens[:, :-1].",
+    ),
+    "gd_matrices": (
+        "One GD step from w_0 = 0 is w_1 = (eta / n) sum_i y_i x_i: the layer must put -<w_1, x> into the label slot.",
+        "The label slot of token i receives p_y * (sum_j y_j x_j^T) Q_xx x_i when only P's last entry and Q's "
+        "top-left block are non-zero.",
+        "P[d, d] = -eta / n and Q[:d, :d] = identity; everything else zero (float64).",
+    ),
+    "transformer_prediction": (
+        "Reuse your linear_attention: the same layer, applied num_layers times.",
+        "Loop over layers (not over tasks), feeding each layer's output to the next.",
+        "After the loop return minus the last coordinate of the query token: -tokens[:, -1, -1].",
+    ),
+    "best_step_size": (
+        "w_1 = eta * (alpha / n) with alpha = X^T y: the loss (1/2) mean ||eta s - w||^2 is a quadratic in eta.",
+        "Set its derivative in eta to zero, summing over the sampled tasks.",
+        "eta = sum <s, w> / sum ||s||^2 with s = batch.alpha / n, over the tasks of the sample.",
+    ),
+    # chapter 2
+    "fourth_moment": (
+        "||x||^2 = z_1^2 + ... + z_d^2: square it and take expectations term by term.",
+        "The d diagonal terms give E[z^4] = 3 each; the d(d - 1) cross terms give E[z_i^2] E[z_j^2] = 1.",
+        "3d + d(d - 1) = d(d + 2).",
+    ),
+    "fourth_moment_monte_carlo": (
+        "Draw num_samples vectors x with torch.randn(..., generator=torch.Generator().manual_seed(seed)).",
+        "The values are ||x||^4 per draw; their mean estimates E||x||^4.",
+        "Return (values.mean(), values.std() / sqrt(num_samples)) as floats.",
+    ),
+    "optimal_coefficient": (
+        "(1/2) E||c alpha - w||^2 = (1/2)(c^2 E||alpha||^2 - 2c E<alpha, w> + E||w||^2): minimise in c.",
+        "E<alpha, w> = nd, and E||alpha||^2 = nd(n + d + 1) + nd E[sigma^2] (a fourth moment of x appears).",
+        "c* = E<alpha, w> / E||alpha||^2 = 1 / (n + d + 1 + second_moment).",
+    ),
+    "one_step_loss": (
+        "The query's label is y_t = <w, x_t> and x_t ~ N(0, I) is independent of the context: average over x_t first.",
+        "E_x_t[(c <alpha, x_t> - <w, x_t>)^2] = ||c alpha - w||^2, so the loss is (1/2) E||c alpha - w||^2: "
+        "expand it with the moments of task 2, for any c.",
+        "(d/2) (1 - 2cn + c^2 n (n + d + 1 + second_moment)).",
+    ),
+    "bilinear_B": (
+        "Write the query's new label slot for one head and keep only the terms that contain alpha = sum_i y_i x_i.",
+        "Two terms: p_y alpha^T Q_xx x_t and (p_x^T alpha)(q_yx^T x_t); the prediction is minus the slot.",
+        "B = -(p_y Q_xx^T + outer(q_yx, p_x)) with p_x = P[d, :d], p_y = P[d, d], Q_xx = Q[:d, :d], q_yx = Q[d, :d].",
+    ),
+    "optimal_preconditioner": (
+        "The loss is a quadratic in B: expand (1/2) E[(<B alpha, x_t> - y_t)^2] and take the gradient in B.",
+        "With W = X^T X: E[alpha alpha^T] = E[W W] + n E[sigma^2] S, and E[WW] follows from the hint with M = I.",
+        "Setting the gradient to zero gives B = ((n + 1) S + (tr S + E[sigma^2]) I)^{-1}.",
+    ),
+    # chapter 3
+    "implicit_step": (
+        "Substitute x_i^l = M x_i + y_i u and y_i^l = a y_i - <w, x_i> into x' and y', then collect the "
+        "coefficients of x_i and of y_i.",
+        "x' = (I + T_xx)(M x + y u) + t_xy (a y - <w, x>): the x-part gives M, the y-part gives u.",
+        "M' = M + T_xx M - t_xy w^T, u' = u + T_xx u + a t_xy, a' = (1 + t_yy) a + <t_yx, u>, "
+        "w' = (1 + t_yy) w - M^T t_yx.",
+    ),
+    "gdpp_layers": (
+        "Keep only the two extreme eigenvalues: the map is increasing, so they stay the extremes.",
+        "Loop: gamma = 1 / (3 * largest), map both, count a layer, until largest / smallest - 1 <= eps.",
+        "Return the number of GD++ layers + 1 (the final GD step); use float64.",
+    ),
+    "best_cosine": (
+        "The best vector of the span is the orthogonal projection of the target onto the columns of X.",
+        "Least squares gives the projection: X times the solution of min ||X c - target||.",
+        "torch.linalg.lstsq(X, target.unsqueeze(-1)).solution gives c; return ||X c|| / ||target|| per task.",
+    ),
+    "newton_iterates": (
+        "Start from M_0 = I / lambda_max(S) (torch.linalg.eigvalsh gives the eigenvalues in ascending order).",
+        "Apply M <- M (2I - S M) num_steps times, keeping every iterate.",
+        "torch.stack([M_0, M_1, ..., M_num_steps]) in S's dtype.",
+    ),
+    # chapter 5
+    "cg_iterates": (
+        "Batch everything over tasks: Sigma (B, d, d), gradients and directions (B, d), step sizes (B,).",
+        "g_0 = -alpha, p_0 = -g_0; each step: a = ||g||^2 / p^T Sigma p, w += a p, g += a Sigma p, "
+        "beta = ||g_new||^2 / ||g||^2, p = -g_new + beta p.",
+        "A task that has converged has ||g|| = 0 and a 0/0 step: torch.nan_to_num turns it into 0.",
+    ),
+    "memformer_layer": (
+        "Only the label row of Attn(Z) is non-zero: P keeps the last row, Q keeps the x-rows (through A).",
+        "Z M Z^T drops the query; its label-times-input block is sum_i y_i x_i^T (shape (B, 1, d)).",
+        "Label row of Attn = -(sum_i y_i x_i^T) A^T Z_x / n; then R = Attn + gamma R and Z = Z + alpha R.",
+    ),
+    "momentum_alpha_gamma": (
+        "Write the Memformer's update w_{l+1} - w_l = alpha_l r_l with r_l = -grad + gamma_l r_{l-1}.",
+        "Use alpha_{l-1} r_{l-1} = w_l - w_{l-1} and match the coefficients of -grad and of (w_l - w_{l-1}).",
+        "alpha_l = eta and gamma_l = mu alpha_{l-1} / alpha_l = mu, for every layer.",
+    ),
+}
