@@ -172,6 +172,16 @@ def check_context(X: torch.Tensor, y: torch.Tensor) -> None:
         )
 
 
+def context_of(batch, y=None, x_t=None) -> tuple:
+    """``(X, y, x_t)`` from a :class:`TaskBatch`, or from ``X`` (B, n, d), ``y`` (B, n) and an optional
+    ``x_t`` (B, d) passed separately: the two ways the models and learners accept tasks."""
+    if isinstance(batch, TaskBatch):
+        return batch.X, batch.y, batch.x_t
+    if y is None:
+        raise ValueError("pass a TaskBatch, or both X (B, n, d) and y (B, n)")
+    return batch, y, x_t
+
+
 def context_gram(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The Gram matrix of the context tokens, ``G = sum_i e_i e_i^T``.
 

@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .data import TaskBatch, check_context
+from .data import TaskBatch, check_context, context_of
 from .models import ModelOutput
 from .runtime import check_count, make_generator, resolve_device, resolve_dtype
 
@@ -216,12 +216,7 @@ class Memformer(nn.Module):
     def forward(self, batch: TaskBatch | torch.Tensor, y: Optional[torch.Tensor] = None,
                 x_t: Optional[torch.Tensor] = None, alpha=None, gamma=None) -> ModelOutput:
         """Every layer's implicit weights ``w^l`` (B, L, d) and predictions (B, L) (None without ``x_t``)."""
-        if isinstance(batch, TaskBatch):
-            X, y, x_t = batch.X, batch.y, batch.x_t
-        else:
-            X = batch
-            if y is None:
-                raise ValueError("pass a TaskBatch, or both X (B, n, d) and y (B, n)")
+        X, y, x_t = context_of(batch, y, x_t)
         check_context(X, y)
         B, n, d = X.shape
         if d != self.d:

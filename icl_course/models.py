@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .data import TaskBatch, context_gram
+from .data import TaskBatch, context_gram, context_of
 from .runtime import check_count, make_generator, resolve_device, resolve_dtype
 
 __all__ = [
@@ -289,12 +289,7 @@ class LinearTransformer(nn.Module):
         :class:`ModelOutput` with ``layer_weights`` (B, L, d) and ``layer_predictions`` (B, L).
         Works on the (B, d+1, d+1) Gram matrix: ``G <- T G T^T``, query map ``E <- T E``.
         """
-        if isinstance(batch, TaskBatch):
-            X, y, x_t = batch.X, batch.y, batch.x_t
-        else:
-            X = batch
-            if y is None:
-                raise ValueError("pass a TaskBatch, or both X (B, n, d) and y (B, n)")
+        X, y, x_t = context_of(batch, y, x_t)
         self._check_inputs(X, y, x_t)
         d = self.d
         gram = context_gram(X, y)
@@ -317,12 +312,7 @@ class LinearTransformer(nn.Module):
         each layer's ``A_l``, skips the last Gram update, and reads the last row of
         ``T_L ... T_1`` with row-vector products, ``r <- r (I + A_l)`` from ``l = L`` down.
         """
-        if isinstance(batch, TaskBatch):
-            X, y = batch.X, batch.y
-        else:
-            X = batch
-            if y is None:
-                raise ValueError("pass a TaskBatch, or both X (B, n, d) and y (B, n)")
+        X, y, _ = context_of(batch, y)
         self._check_inputs(X, y, None)
         gram = context_gram(X, y)
         mixings = []

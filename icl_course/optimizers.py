@@ -35,6 +35,14 @@ def _step_sizes(eta, num_steps: int, like: torch.Tensor) -> torch.Tensor:
     return steps
 
 
+def _mean_weight_loss(w_hat: torch.Tensor, batch: TaskBatch) -> torch.Tensor:
+    """``1/2 E (w_hat - w)^T S (w_hat - w)``, the expected query loss (``S = I`` when the batch has no covariance)."""
+    error = w_hat - batch.w
+    if batch.covariance is None:
+        return 0.5 * (error**2).sum(-1).mean()
+    return 0.5 * ((error @ batch.covariance.to(error)) * error).sum(-1).mean()
+
+
 def gradient_descent(X: torch.Tensor, y: torch.Tensor, eta, num_steps: int,
                      preconditioner: torch.Tensor | None = None) -> torch.Tensor:
     """Iterates of (preconditioned) GD on ``L(w) = 1/(2n) sum_i (<w, x_i> - y_i)^2`` from 0.
@@ -85,11 +93,7 @@ def tune_step_sizes(batch: TaskBatch, num_steps: int, per_step: bool = True) -> 
     def mean_loss():
         optimizer.zero_grad()
         eta = torch.exp(log_steps).expand(num_steps)
-        error = gradient_descent(batch.X, batch.y, eta, num_steps)[:, -1] - batch.w
-        if batch.covariance is None:
-            loss = 0.5 * (error**2).sum(-1).mean()
-        else:
-            loss = 0.5 * ((error @ batch.covariance.to(error)) * error).sum(-1).mean()
+        loss = _mean_weight_loss(gradient_descent(batch.X, batch.y, eta, num_steps)[:, -1], batch)
         loss.backward()
         return loss
 
@@ -202,11 +206,7 @@ def tune_momentum(batch: TaskBatch, num_steps: int, nesterov: bool = False) -> t
     def mean_loss():
         optimizer.zero_grad()
         eta, mu = torch.exp(raw[0]), torch.sigmoid(raw[1])
-        error = momentum_descent(batch.X, batch.y, eta, mu, num_steps, nesterov)[:, -1] - batch.w
-        if batch.covariance is None:
-            loss = 0.5 * (error**2).sum(-1).mean()
-        else:
-            loss = 0.5 * ((error @ batch.covariance.to(error)) * error).sum(-1).mean()
+        loss = _mean_weight_loss(momentum_descent(batch.X, batch.y, eta, mu, num_steps, nesterov)[:, -1], batch)
         loss.backward()
         return loss
 
