@@ -17,8 +17,8 @@ import pytest
 from conftest import ROOT
 
 from icl_course.__main__ import main as command
-from icl_course.grading.grade import find_submissions, grade
-from icl_course.grading.sandbox import sandbox_problem
+from icl_course.grading.grade import MAX_PROCESSES, find_submissions, grade
+from icl_course.grading.sandbox import ControlGroup, sandbox_problem
 
 # Every grading run here is sandboxed where the machine can make a sandbox (CI installs bubblewrap);
 # elsewhere the tests grade without it, and the sandbox's own tests say what is missing.
@@ -345,6 +345,66 @@ def test_the_notebook_time_limit_stops_a_slow_submission(tmp_path):
                   sandbox=SANDBOX)
     assert found[0].status == "stopped after the notebook time limit (15 s)" and sum(found[0].scores.values()) == 0
     assert (tmp_path / "out" / "feedback" / "sam" / f"{CHAPTER}.html").exists()
+
+
+MEMORY_HOGS = """import subprocess, sys
+hog = "import time; block = bytearray(int(1.2 * 2**30)); time.sleep(3)"
+children = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(3)]
+print("memory children:", sorted(child.wait() for child in children))
+"""
+PROCESS_HOGS = """import subprocess
+sleepers = []
+try:
+    for _ in range(700):
+        sleepers.append(subprocess.Popen(["sleep", "30"]))
+except OSError as error:
+    print("processes started:", len(sleepers), type(error).__name__)
+for process in sleepers:
+    process.kill()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
+def test_one_memory_and_one_process_limit_hold_for_the_whole_submission(tmp_path):
+    """una's three children of 1.2 GiB each stay under the per-process limit (3 GiB) but not under the
+    submission's; vera's 700 processes are more than a submission may start (MAX_PROCESSES)."""
+    probe = ControlGroup.create(f"icl-course-test-{os.getpid()}", 2**30, 16)
+    if probe is None:
+        pytest.skip(f"no control group can be made here: {ControlGroup.problem}")
+    probe.close()
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    shutil.copy(ROOT / "solutions" / f"{CHAPTER}.ipynb", solutions)
+    exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
+    full = answered(exercise, nbformat.read(solutions / f"{CHAPTER}.ipynb", as_version=4), range(1, 6))
+    (tmp_path / "class").mkdir()
+    for name, task, attack in (("una", 5, MEMORY_HOGS), ("vera", 1, PROCESS_HOGS)):
+        notebook = with_answer(full, task, attack + find_cell(full, f"task{task}_answer").source)
+        (tmp_path / "class" / f"{name}_01.ipynb").write_text(json.dumps(notebook))
+    found = {submission.student: submission for submission in
+             grade(tmp_path / "class", tmp_path / "out", solutions=solutions, memory_gib=3, progress=False,
+                   sandbox=True)}
+
+    def printed(student, task):
+        course = tmp_path / "out" / "nbgrader" / "students" / student / CHAPTER
+        path = course / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
+        notebook = nbformat.read(path, as_version=4)
+        return "".join(output.get("text", "") for output in find_cell(notebook, f"task{task}_answer").outputs)
+
+    una = found["una"]
+    if "memory limit" in una.status:   # the out-of-memory killer chose the kernel: the run stops, and says why
+        assert una.status.startswith("the submission reached its memory limit (3 GiB for all its processes")
+        assert sum(una.scores.values()) == FULL - una.scores[5]    # the tasks recorded before it still count
+    else:                              # ... or it chose a child, and the kernel went on
+        killed = re.search(r"memory children: \[(.*)\]", printed("una", 5)).group(1).split(", ")
+        assert "-9" in killed and sum(una.scores.values()) == FULL
+    vera = found["vera"]
+    if "processes" in vera.status:     # the kernel could not start a thread it needed: the run stops, and says why
+        assert vera.status.startswith(f"the submission reached its limit of {MAX_PROCESSES} processes")
+    else:                              # ... or only the sleepers were refused
+        started = int(re.search(r"processes started: (\d+)", printed("vera", 1)).group(1))
+        assert started < MAX_PROCESSES and sum(vera.scores.values()) == FULL
 
 
 def test_forged_answer_files_are_refused_and_never_run(graded_class):

@@ -69,7 +69,7 @@ import nbformat
 
 from .. import checks
 from .exercises import run_nbgrader, source_copy
-from .sandbox import sandbox_problem, sandboxed
+from .sandbox import ControlGroup, sandbox_problem, sandboxed
 
 __all__ = ["Submission", "AnswerKey", "find_submissions", "default_solutions", "grade", "main"]
 
@@ -323,9 +323,14 @@ def _hashes(root: Path) -> dict:
     return hashes
 
 
-def _limit_resources(bytes_limit: int):
+MAX_PROCESSES = 512    # processes and threads of one submission, all together (a kernel needs a few dozen)
+
+
+def _limit_resources(bytes_limit: int, group: "ControlGroup | None" = None):
     def apply():
         import resource
+        if group is not None:
+            group.enter()
         resource.setrlimit(resource.RLIMIT_AS, (bytes_limit, bytes_limit))
         # a second line under the sandbox: no single file larger than the memory limit
         resource.setrlimit(resource.RLIMIT_FSIZE, (bytes_limit, bytes_limit))
@@ -348,9 +353,12 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
         environment = dict(os.environ)
     else:
         environment = dict(os.environ, **variables)
+    # one memory and process-count limit for everything the submission starts, where Linux allows it
+    group = ControlGroup.create(f"icl-course-{os.getpid()}-{secrets.token_hex(4)}", memory_bytes, MAX_PROCESSES) \
+        if os.name == "posix" else None
     process = subprocess.Popen(
         command, cwd=course, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, preexec_fn=_limit_resources(memory_bytes) if os.name == "posix" else None)
+        start_new_session=True, preexec_fn=_limit_resources(memory_bytes, group) if os.name == "posix" else None)
     try:
         output, _ = process.communicate(timeout=notebook_timeout)
     except subprocess.TimeoutExpired:
@@ -362,6 +370,17 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        out_of_memory = group is not None and group.out_of_memory()
+        out_of_processes = group is not None and group.out_of_processes()
+        if group is not None:
+            group.close()
+    stopped = "DeadKernel" in output or "Kernel died" in output or process.returncode != 0
+    if stopped and out_of_memory:
+        return (f"the submission reached its memory limit ({memory_bytes / 2**30:g} GiB for all its processes "
+                "together) and was stopped (the answers recorded before that count)")
+    if stopped and out_of_processes:
+        return (f"the submission reached its limit of {MAX_PROCESSES} processes and threads and was stopped (the "
+                "answers recorded before that count)")
     if "Address already in use" in output or "Kernel didn't respond" in output:
         return "the kernel could not start"
     if "DeadKernel" in output or "Kernel died" in output:
@@ -462,6 +481,13 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
                          f"--no-sandbox to run the learners' code with your own rights ({NO_SANDBOX_COST})")
     if not sandbox and progress:
         print(f"warning: --no-sandbox: {NO_SANDBOX_COST}")
+    probe = ControlGroup.create(f"icl-course-probe-{os.getpid()}", 2**30, MAX_PROCESSES)
+    if probe is None and progress:
+        print(f"warning: {ControlGroup.problem}, so each submission gets per-process limits only (address "
+              f"space and file size), not one memory and process-count limit for all its processes together. "
+              f"Run as root, or where systemd delegates the memory and pids controllers, to get them.")
+    elif probe is not None:
+        probe.close()
     secret = _prepare(out)
     before = _hashes(submissions)
 

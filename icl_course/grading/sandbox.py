@@ -13,10 +13,14 @@ inside :func:`sandboxed`, which gives it, by construction rather than by a list 
   and ``HOME`` are empty and discarded at the end.  ``--out`` with the grading secret, the answer
   keys, the submissions folder and other students' folders are simply not there.
 
-What it does not give (see the README's threat model): one memory, process-count and disk limit
-for the whole submission needs control groups, which most machines reserve for their service
-manager.  The grader keeps its per-process limits (address space, processes, file size) inside the
-sandbox as a second line.
+**One memory limit and one process-count limit for the whole submission** come from a Linux control
+group (:class:`ControlGroup`): the grader makes one per submission where it may (as root, or where
+the service manager delegated the memory and pids controllers), puts the sandbox in it, and kills
+and removes it afterwards; the kernel's out-of-memory killer then stops the submission as a whole,
+however many processes it started.  Where no control group can be made, grading says so and keeps
+only the per-process limits (address space, file size).  ``/tmp`` inside the sandbox is a memory
+file system, so what a submission writes there counts against its memory limit.  What it does not
+give: one disk limit on the course folder (each file is capped at the memory limit instead).
 """
 
 from __future__ import annotations
@@ -28,10 +32,132 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["SandboxUnavailable", "sandbox_problem", "sandboxed"]
+__all__ = ["SandboxUnavailable", "sandbox_problem", "sandboxed", "ControlGroup"]
 
 # the operating system's own read-only parts; those that do not exist are skipped
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+
+
+class ControlGroup:
+    """A Linux control group that holds one submission: one memory limit and one process-count limit
+    for all its processes together.
+
+    :meth:`create` returns None, with the reason in ``ControlGroup.problem``, where this process may
+    not make one (cgroup v2 or v1, memory and pids controllers, write access to its own group).
+    Use: ``group.enter`` as the child's ``preexec_fn`` (it moves the child, before it runs the
+    sandbox, into the group), then ``group.close()`` kills whatever is left and removes the group.
+    """
+
+    problem = ""
+
+    def __init__(self, folders: list[Path], version: int):
+        self.folders, self.version = folders, version
+
+    @staticmethod
+    def _own_groups() -> dict[str, str]:
+        groups = {}
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                groups[controller] = path
+        return groups
+
+    @classmethod
+    def create(cls, name: str, memory_bytes: int, max_processes: int) -> "ControlGroup | None":
+        root = Path("/sys/fs/cgroup")
+        try:
+            own = cls._own_groups()
+        except OSError as error:
+            cls.problem = f"cannot read /proc/self/cgroup ({error})"
+            return None
+        folders = []
+        try:
+            if (root / "cgroup.controllers").exists():   # cgroup v2, one tree
+                parent = root / own.get("", "/").lstrip("/")
+                available = (parent / "cgroup.subtree_control").read_text().split()
+                if not {"memory", "pids"} <= set(available):
+                    cls.problem = f"the memory and pids controllers are not delegated to {parent}"
+                    return None
+                folder = parent / name
+                folder.mkdir()
+                folders.append(folder)
+                (folder / "memory.max").write_text(str(memory_bytes))
+                (folder / "memory.swap.max").write_text("0") if (folder / "memory.swap.max").exists() else None
+                (folder / "pids.max").write_text(str(max_processes))
+                return cls(folders, 2)
+            for controller, limits in (("memory", {"memory.limit_in_bytes": memory_bytes}),
+                                       ("pids", {"pids.max": max_processes})):
+                base = root / controller
+                if not base.is_dir():
+                    raise OSError(f"no {controller} controller under {root}")
+                folder = base / own.get(controller, "/").lstrip("/") / name
+                folder.mkdir()
+                folders.append(folder)
+                for file, value in limits.items():
+                    (folder / file).write_text(str(value))
+            return cls(folders, 1)
+        except OSError as error:
+            cls.problem = f"no control group could be made ({error.strerror or error})"
+            for folder in reversed(folders):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
+            return None
+
+    def enter(self) -> None:
+        """Move the calling process into the group (in a child, before it runs the sandbox)."""
+        for folder in self.folders:
+            (folder / "cgroup.procs").write_text(str(os.getpid()))
+
+    def processes(self) -> list[int]:
+        found = set()
+        for folder in self.folders:
+            try:
+                found.update(int(line) for line in (folder / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return sorted(found)
+
+    def out_of_memory(self) -> bool:
+        """Whether the memory limit stopped a process of the group."""
+        folder = self.folders[0]
+        try:
+            if self.version == 2:
+                events = dict(line.split() for line in (folder / "memory.events").read_text().splitlines())
+                return int(events.get("oom_kill", 0)) > 0
+            return int((folder / "memory.failcnt").read_text()) > 0
+        except (OSError, ValueError):
+            return False
+
+    def out_of_processes(self) -> bool:
+        """Whether a process of the group was refused because the group had its maximum."""
+        folder = self.folders[-1] if self.version == 1 else self.folders[0]
+        try:
+            events = dict(line.split() for line in (folder / "pids.events").read_text().splitlines())
+            return int(events.get("max", 0)) > 0
+        except (OSError, ValueError):
+            return False
+
+    def close(self) -> None:
+        """Kill every process left in the group, then remove it."""
+        import signal
+        import time
+        for _ in range(50):
+            left = self.processes()
+            if not left:
+                break
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.05)
+        for folder in reversed(self.folders):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
 
 
 class SandboxUnavailable(RuntimeError):
