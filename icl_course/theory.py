@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .data import NoiseLike, as_noise, context_gram
+from .data import NoiseLike, as_noise, check_context, context_gram
 from .models import next_gram
 
 __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
            "preconditioned_one_step_loss", "one_layer_bilinear_form", "ImplicitLinearModel",
            "implicit_model_step", "implicit_linear_model", "gdpp_spectrum", "condition_number",
            "gdpp_layers_needed", "gdpp_one_layer_condition", "gdpp_best_one_layer_scale",
-           "two_noise_construction", "best_linear_cosine"]
+           "two_noise_construction", "adaptive_step_size", "best_linear_cosine"]
 
 
 def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> float:
@@ -292,6 +292,26 @@ def two_noise_construction(n: int, sigma_1: float, sigma_2: float) -> list[dict]
     m = (target_2 - target_1) / (n * (sigma_1**2 - sigma_2**2))
     w_yx = -target_1 - n * sigma_1**2 * m
     return [{"w_yx": w_yx}, {"w_yy": m / w_yx}]
+
+
+def adaptive_step_size(w_xy: float, w_yx: float, X: torch.Tensor, y: torch.Tensor) -> tuple:
+    """The step on ``alpha`` of a ``w_xy`` layer followed by a ``w_yx`` layer, exactly and as the paper
+    approximates it (Vladymyrov et al. 2024, section 5.2).
+
+    A layer with only ``w_xy`` moves ``x_i <- x_i + w_xy y_i alpha`` (the query's ``x_t`` stays: its
+    label slot is 0), so ``alpha^1 = sum_i y_i x_i^1 = (1 + w_xy lambda) alpha`` with the label energy
+    ``lambda = sum_i y_i^2``; the ``w_yx`` layer then predicts ``-w_yx (1 + w_xy lambda) <alpha, x_t>``:
+    a step that shrinks for noisier tasks.  The paper writes ``1 + w_xy sum_i r_i^2`` with the
+    least-squares residuals ``r_i``, which drops the explained energy ``||X w_ols||^2``, so
+    ``exact - paper = -w_yx w_xy ||X w_ols||^2`` exactly.
+    Shapes: ``X`` (B, n, d), ``y`` (B, n) -> ``(exact, paper)``, each (B,); the paper's needs ``n > d``.
+    """
+    from .baselines import least_squares
+
+    check_context(X, y)
+    energy = (y**2).sum(-1)
+    residuals = y - (X @ least_squares(X, y).unsqueeze(-1)).squeeze(-1)
+    return -w_yx * (1 + w_xy * energy), -w_yx * (1 + w_xy * (residuals**2).sum(-1))
 
 
 def best_linear_cosine(X: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

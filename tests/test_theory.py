@@ -268,3 +268,21 @@ def test_construction_helpers_name_what_is_wrong(float64_tasks):
     # the labels themselves lie in the span of X when they are linear: cosine 1
     noiseless = float64_tasks(d=3, n=8, noise=0.0).sample(4, seed=0)
     torch.testing.assert_close(theory.best_linear_cosine(noiseless.X, noiseless.y), torch.ones(4, dtype=torch.float64))
+
+
+def test_a_w_xy_layer_then_a_w_yx_layer_steps_by_minus_w_yx_times_one_plus_w_xy_lambda():
+    """Vladymyrov et al. (2024), section 5.2: the exact adaptive step, and how far the paper's
+    residual form is from it."""
+    from icl_course import UniformNoise, least_squares
+    from icl_course.models import diagonal_construction
+    d, n, w_xy, w_yx = 4, 12, 0.01, -0.05
+    batch = RegressionTasks(d, n, noise=UniformNoise(2), dtype=torch.float64).sample(64, seed=3)
+    model = diagonal_construction(d, [{"w_xy": w_xy}, {"w_yx": w_yx}])
+    exact, paper = theory.adaptive_step_size(w_xy, w_yx, batch.X, batch.y)
+    with torch.no_grad():
+        prediction = model(batch).prediction
+    assert torch.allclose(prediction, exact * (batch.alpha * batch.x_t).sum(-1), rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(prediction, paper * (batch.alpha * batch.x_t).sum(-1), rtol=1e-3)
+    explained = ((batch.X @ least_squares(batch.X, batch.y).unsqueeze(-1)).squeeze(-1) ** 2).sum(-1)
+    assert torch.allclose(exact - paper, -w_yx * w_xy * explained, rtol=1e-9)
+    assert (exact > paper).all()      # here w_yx < 0 < w_xy: the paper's form understates the step
