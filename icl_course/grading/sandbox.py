@@ -82,7 +82,8 @@ class ControlGroup:
                 folder.mkdir()
                 folders.append(folder)
                 (folder / "memory.max").write_text(str(memory_bytes))
-                (folder / "memory.swap.max").write_text("0") if (folder / "memory.swap.max").exists() else None
+                if (folder / "memory.swap.max").exists():   # no swapping out of the limit
+                    (folder / "memory.swap.max").write_text("0")
                 (folder / "pids.max").write_text(str(max_processes))
                 return cls(folders, 2)
             for controller, limits in (("memory", {"memory.limit_in_bytes": memory_bytes}),
@@ -126,7 +127,9 @@ class ControlGroup:
             if self.version == 2:
                 events = dict(line.split() for line in (folder / "memory.events").read_text().splitlines())
                 return int(events.get("oom_kill", 0)) > 0
-            return int((folder / "memory.failcnt").read_text()) > 0
+            # v1: a kill by the out-of-memory killer, not merely reaching the limit (failcnt counts that)
+            control = dict(line.split() for line in (folder / "memory.oom_control").read_text().splitlines())
+            return int(control.get("oom_kill", 0)) > 0
         except (OSError, ValueError):
             return False
 
