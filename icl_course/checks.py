@@ -556,8 +556,10 @@ CHECKS: dict[str, Check] = {check.name: check for check in _chapter_1() + _chapt
 fail, expect_tensor, expect_number, expect_pair, describe = _fail, _tensor, _number, _pair, _kind
 close, generator_from, normal = _close, _generator, _normal
 
+from .grading.chapter4 import chapter_4_checks  # noqa: E402
 from .grading_chapter5 import chapter_5_checks  # noqa: E402  (it builds on the names above)
 
+CHECKS.update({check.name: check for check in chapter_4_checks()})
 CHECKS.update({check.name: check for check in chapter_5_checks()})
 
 

@@ -90,6 +90,41 @@ HINTS: dict[str, tuple[str, ...]] = {
         "Apply M <- M (2I - S M) num_steps times, keeping every iterate.",
         "torch.stack([M_0, M_1, ..., M_num_steps]) in S's dtype.",
     ),
+    # chapter 4
+    "noise_estimate": (
+        "Fit least squares on each task's context, then look at what the fit leaves over: the residuals.",
+        "torch.linalg.lstsq(X, y.unsqueeze(-1)).solution gives w_ols for every task at once (B, d, 1); the residuals "
+        "are y - X w_ols.",
+        "Sum the squared residuals over the context and divide by n - d (not n), with no square root.",
+    ),
+    "adjusted_loss_per_task": (
+        "Two half squared errors per task: the learner's, 1/2 ||w_hat - w||^2, and the oracle ridge's.",
+        "The oracle solves (Sigma + sigma^2 I) w = alpha with Sigma = X^T X, alpha = X^T y and each task's own sigma: "
+        "one batched torch.linalg.solve with sigma**2 reshaped to (B, 1, 1).",
+        "Return 0.5 * ((w_hat - w)**2).sum(-1) - 0.5 * ((w_oracle - w)**2).sum(-1): the learner minus the oracle.",
+    ),
+    "diag_layer": (
+        "Split the tokens into inputs x = tokens[..., :-1] and labels y = tokens[..., -1]; the sums read only the "
+        "first n rows (the context), the update moves all n + 1.",
+        "Sigma = X^T X, alpha = sum_i y_i x_i and lambda = sum_i y_i^2 over the context rows; as rows, Sigma x is "
+        "x @ Sigma (Sigma is symmetric).",
+        "new_x = x + w_xx * x @ Sigma + w_xy * y[..., None] * alpha[:, None]; new_y = y + w_yx * (x @ alpha) + "
+        "w_yy * lambda[:, None] * y, both from the old x and y; then torch.cat them back.",
+    ),
+    "two_noise_weights": (
+        "Expand -(1 + n sigma^2 w_yy) w_yx and substitute m = w_yy w_yx: two equations, linear in (w_yx, m).",
+        "The rows of the system are (1, n sigma_k^2) and the right-hand sides -1 / (1 + sigma_k^2), for k = 1, 2: "
+        "solve the 2 x 2 system (by hand or with torch.linalg.solve).",
+        "w_yx = -(1 + s_1 + s_2) / ((1 + s_1)(1 + s_2)) and w_yy = -1 / (n (1 + s_1 + s_2)) with s_k = sigma_k^2: "
+        "both negative, as floats.",
+    ),
+    "noise_posterior": (
+        "Compute a log-likelihood per task and level, (B, K), and turn it into probabilities with a softmax over K.",
+        "C_k = X X^T + sigma_k^2 I_n, shape (B, K, n, n) by broadcasting; log N(y; 0, C_k) = -1/2 (y^T C_k^-1 y + "
+        "log det C_k) + a constant that is the same for every level.",
+        "L = torch.linalg.cholesky(C); z = L^-1 y (torch.linalg.solve_triangular); log det C = 2 sum log diag L; "
+        "torch.softmax(-0.5 * ((z**2).sum(-1) + log_det), dim=-1).",
+    ),
     # chapter 5
     "cg_iterates": (
         "Batch everything over tasks: Sigma (B, d, d), gradients and directions (B, d), step sizes (B,).",
