@@ -274,9 +274,17 @@ class BayesOptimal:
         return torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
 
     def _solve(self, X: torch.Tensor, y: torch.Tensor):
-        n = X.shape[-2]
-        U, S, Vh = torch.linalg.svd(X, full_matrices=False)           # rank k = min(n, d)
-        projected = (U.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1)  # (B, k)
+        n, d = X.shape[-2:]
+        if n >= d:
+            # X = U S V^T through the eigendecomposition of Sigma = V S^2 V^T: a batched SVD of X costs
+            # about 15 times more on a CPU.  Only S U^T y = V^T alpha and (U^T y)^2 = (V^T alpha)^2 / S^2 are
+            # needed, and alpha lies in the span of those directions, so a small S divides a small number.
+            eigenvalues, V = torch.linalg.eigh(X.transpose(-1, -2) @ X)
+            S, Vh = eigenvalues.clamp_min(torch.finfo(X.dtype).tiny).sqrt(), V.transpose(-1, -2)
+            projected = (Vh @ (X.transpose(-1, -2) @ y.unsqueeze(-1))).squeeze(-1) / S
+        else:
+            U, S, Vh = torch.linalg.svd(X, full_matrices=False)       # rank k = min(n, d)
+            projected = (U.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1)  # (B, k)
         if bool((self.levels == 0).any()):
             if len(self.levels) > 1:
                 raise ValueError("a prior with an atom at sigma = 0 next to other levels is not supported")
