@@ -9,12 +9,12 @@ import matplotlib.pyplot as plt
 import torch
 
 from .baselines import gradient_descent, least_squares, ridge
-from .data import RegressionTasks
+from .data import RegressionTasks, TaskBatch
 from .evaluate import Estimate, query_averaged_loss
 from .models import LinearTransformer, gd_construction
 
 __all__ = ["setup_notebook", "plot_estimates", "plot_task_fits", "show_task_fits", "show_gd_and_transformer",
-           "show_one_step_loss", "show_gdpp_spectrum"]
+           "show_one_step_loss", "show_gdpp_spectrum", "show_diag_profile"]
 
 COLORS = {
     "least squares": "#4c72b0", "oracle ridge": "#222222", "ridge": "#222222", "ConstRR": "#dd8452",
@@ -22,6 +22,8 @@ COLORS = {
     # chapter 3: the optimisers GD++ is compared with, a trained model, and a task's eigenvalues
     "gradient descent": "#4c72b0", "trained model": "#c44e52", "GD++": "#8172b3",
     "Newton's iteration": "#937860", "conjugate gradient": "#da8bc3", "eigenvalues": "#dd8452",
+    # chapter 4: the trained variants of Table 1 and the Bayes-optimal learner
+    "Diag": "#55a868", "Full": "#c44e52", "Bayes-optimal": "#8172b3", "paper": "#8c8c8c",
 }
 
 
@@ -223,4 +225,66 @@ def show_gdpp_spectrum(kappa: float = 100.0, gamma_scale: float = 1.0, num_layer
     axes[2].set_ylabel("condition number $-$ 1")
     axes[2].set_title(f"kappa = {kappa:g}")
     figure.tight_layout()
+    return figure
+
+
+def _fixed_tasks(d: int, n: int, num_tasks: int, seed: int) -> dict:
+    """One draw of ``X, w, x_t`` and unit noise, reused at every noise level (common random numbers)."""
+    generator = torch.Generator().manual_seed(seed)
+    X = torch.randn(num_tasks, n, d, generator=generator, dtype=torch.float64)
+    return dict(X=X, w=torch.randn(num_tasks, d, generator=generator, dtype=torch.float64),
+                x_t=torch.randn(num_tasks, d, generator=generator, dtype=torch.float64),
+                noise=torch.randn(num_tasks, n, generator=generator, dtype=torch.float64))
+
+
+def _at_noise(draw: dict, sigma) -> TaskBatch:
+    sigma = torch.as_tensor(sigma, dtype=torch.float64).expand(draw["X"].shape[0])
+    y = (draw["X"] @ draw["w"].unsqueeze(-1)).squeeze(-1) + sigma.unsqueeze(-1) * draw["noise"]
+    return TaskBatch(X=draw["X"], y=y, x_t=draw["x_t"], y_t=(draw["x_t"] * draw["w"]).sum(-1), w=draw["w"],
+                     sigma=sigma)
+
+
+def show_diag_profile(layer_1: Mapping[str, float], layer_2: Mapping[str, float], sigma_max: float = 5.0,
+                      d: int = 10, n: int = 20, num_tasks: int = 1000, seed: int = 0):
+    """A two-layer ``diag`` model given by its four weights per layer, across noise levels (chapter 4).
+
+    ``layer_1``, ``layer_2``: dicts with any of ``w_xx, w_xy, w_yx, w_yy``
+    (:func:`~icl_course.models.diagonal_construction`).  Left: the per-noise profile, the adjusted loss at
+    fixed ``sigma`` from 0 to ``sigma_max + 1`` with 2-standard-error bars (Vladymyrov et al. 2024, Fig. 2),
+    the part outside ``U(0, sigma_max)`` shaded; right: the median effective step ``<w_hat, alpha>/||alpha||^2``
+    of the model and of the oracle ridge.  The same ``num_tasks`` tasks at every level, only the noise
+    scaled.  Returns the figure.
+    """
+    from .baselines import oracle_ridge
+    from .mixed_noise import effective_step
+    from .models import diagonal_construction
+
+    model = diagonal_construction(d, [dict(layer_1), dict(layer_2)])
+    draw = _fixed_tasks(d, n, num_tasks, seed)
+    sigmas = torch.linspace(0, sigma_max + 1, 9, dtype=torch.float64).tolist()
+    profile, model_steps, oracle_steps = [], [], []
+    with torch.no_grad():
+        for sigma in sigmas:
+            batch = _at_noise(draw, sigma)
+            weights, oracle = model(batch).weights, oracle_ridge(batch)
+            profile.append(Estimate.from_samples(query_averaged_loss(weights, batch)
+                                                 - query_averaged_loss(oracle, batch)))
+            model_steps.append(float(effective_step(weights, batch).median()))
+            oracle_steps.append(float(effective_step(oracle, batch).median()))
+        mixed = _at_noise(draw, torch.rand(num_tasks, generator=torch.Generator().manual_seed(seed + 1),
+                                           dtype=torch.float64) * sigma_max)
+        overall = Estimate.from_samples(query_averaged_loss(model(mixed).weights, mixed)
+                                        - query_averaged_loss(oracle_ridge(mixed), mixed))
+    figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    plot_estimates(axes[0], sigmas, {"two-layer Diag": profile}, "noise level $\\sigma$ of the task",
+                   "adjusted loss", title=f"mean over U(0, {sigma_max:g}): {overall:.3g}")
+    axes[0].set_ylim(bottom=min(0.0, min(estimate.mean for estimate in profile)))
+    axes[1].plot(sigmas, model_steps, "o-", ms=3, color=COLORS["Diag"], label="two-layer Diag")
+    axes[1].plot(sigmas, oracle_steps, "o-", ms=3, color=COLORS["oracle ridge"], label="oracle ridge")
+    axes[1].set_xlabel("noise level $\\sigma$ of the task")
+    axes[1].set_ylabel("effective step (median)")
+    axes[1].legend()
+    for ax in axes:
+        ax.axvspan(sigma_max, sigma_max + 1, color=COLORS["truth"], alpha=0.15, lw=0)
+    figure.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.9, wspace=0.28)  # tight_layout: 1 s a redraw
     return figure

@@ -436,7 +436,7 @@ def _rows(budget: Budget, variants, columns, evaluations: dict, infos: dict, out
 def _format(value: float) -> str:
     if value == 0:
         return "0"
-    if abs(value) < 1e-3:
+    if abs(value) < 1e-3 or abs(value) >= 1e4:   # heavy-tailed cells reach 1e44: keep them one word wide
         return f"{value:.2e}"
     return f"{value:.3f}"
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .plots import show_gd_and_transformer, show_gdpp_spectrum, show_one_step_loss, show_task_fits
+from .plots import show_diag_profile, show_gd_and_transformer, show_gdpp_spectrum, show_one_step_loss, show_task_fits
 
 __all__ = ["show_task_fits", "task_explorer", "show_gd_and_transformer", "gd_explorer",
-           "show_one_step_loss", "step_size_explorer", "show_gdpp_spectrum", "gdpp_explorer"]
+           "show_one_step_loss", "step_size_explorer", "show_gdpp_spectrum", "gdpp_explorer",
+           "show_diag_profile", "diag_explorer"]
 
 
 def _explorer(show, **controls):
@@ -73,3 +74,43 @@ def gdpp_explorer(kappa: float = 100.0, gamma_scale: float = 1.0, num_layers: in
         num_layers=widgets.IntSlider(value=num_layers, min=1, max=15, description="layers"),
         d=widgets.fixed(20),
     )
+
+
+# The four weights differ by orders of magnitude (Sigma and alpha are sums over n tokens, lambda a sum
+# of squares), so each slider moves its weight in a unit of its own, named in its label.
+_DIAG_UNITS = {"w_xx": 1e-2, "w_xy": 1e-4, "w_yx": 1e-2, "w_yy": 1e-4}
+
+
+def diag_explorer(layer_1: dict | None = None, layer_2: dict | None = None, sigma_max: float = 5.0):
+    """Sliders for the eight weights of a two-layer ``diag`` model and the largest noise level ``sigma_max``
+    around :func:`show_diag_profile` (chapter 4).  Defaults: the shipped two-layer Diag model trained on
+    ``U(0, 5)``."""
+    import ipywidgets as widgets
+
+    if layer_1 is None or layer_2 is None:
+        from .mixed_noise import diagonal_weights_table
+        from .table1 import load_table1_model
+
+        table = diagonal_weights_table(load_table1_model("diag", 2, "5"))
+        names = tuple(_DIAG_UNITS)
+        layer_1 = dict(zip(names, table[0].tolist())) if layer_1 is None else layer_1
+        layer_2 = dict(zip(names, table[1].tolist())) if layer_2 is None else layer_2
+
+    def slider(layer: int, name: str, value: float):
+        unit = _DIAG_UNITS[name]
+        scaled = value / unit
+        low, high = (-abs(scaled) * 3 - 1, 1.0) if scaled < 0 else (-1.0, abs(scaled) * 3 + 1)
+        return widgets.FloatSlider(value=round(scaled, 2), min=round(low, 1), max=round(high, 1), step=0.01,
+                                   description=f"{name}^{layer} x{unit:.0e}",
+                                   style={"description_width": "initial"})
+
+    controls = {f"{name}_{layer}": slider(layer, name, float(values.get(name, 0.0)))
+                for layer, values in ((1, layer_1), (2, layer_2)) for name in _DIAG_UNITS}
+
+    def show(sigma_max, **scaled):
+        weights = [{name: scaled[f"{name}_{layer}"] * unit for name, unit in _DIAG_UNITS.items()}
+                   for layer in (1, 2)]
+        return show_diag_profile(weights[0], weights[1], sigma_max=sigma_max)
+
+    return _explorer(show, sigma_max=widgets.FloatSlider(value=sigma_max, min=0.5, max=7.0, step=0.5,
+                                                         description="sigma_max"), **controls)

@@ -146,3 +146,10 @@ def test_the_shipped_results_are_complete_scored_on_enough_tasks_and_match_the_p
     # the shipped selected model of a cell is the one that was scored
     model = load_table1_model("diag", 5, "5")
     assert model.config["num_layers"] == 5 and model.config["parameterization"] == "diag"
+
+
+def test_the_table_writes_heavy_tailed_cells_in_one_short_word():
+    row = dict(variant="diag", depth=5, column="1", adjusted_loss=9.913e43, stderr=9.91e43, paper=0.004,
+               status="finished")
+    line = table1.markdown_table([row]).splitlines()[-1]
+    assert "9.91e+43 ± 9.91e+43 (0.004)" in line and len(line) < 60

@@ -6,8 +6,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from icl_course.widgets import (  # noqa: E402
+    diag_explorer,
     gd_explorer,
     gdpp_explorer,
+    show_diag_profile,
     show_gd_and_transformer,
     show_gdpp_spectrum,
     show_one_step_loss,
@@ -22,6 +24,7 @@ from icl_course.widgets import (  # noqa: E402
     (show_gd_and_transformer, {}), (show_gd_and_transformer, {"eta": 2.4}),
     (show_one_step_loss, {"train_steps": 20}),
     (show_gdpp_spectrum, {}), (show_gdpp_spectrum, {"gamma_scale": 3.0, "kappa": 1e6}),
+    (show_diag_profile, {"layer_1": {"w_yx": -0.05}, "layer_2": {"w_yy": -1e-3, "w_yx": -0.02}, "num_tasks": 200}),
 ])
 def test_every_figure_has_labelled_axes(show, arguments):
     figure = show(**arguments)
@@ -30,7 +33,7 @@ def test_every_figure_has_labelled_axes(show, arguments):
     plt.close(figure)
 
 
-@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer, gdpp_explorer])
+@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer, gdpp_explorer, diag_explorer])
 def test_explorers_offer_sliders(explorer):
     import ipywidgets
     widget = explorer()
