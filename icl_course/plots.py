@@ -23,7 +23,9 @@ COLORS = {
     "gradient descent": "#4c72b0", "trained model": "#c44e52", "GD++": "#8172b3",
     "Newton's iteration": "#937860", "conjugate gradient": "#da8bc3", "eigenvalues": "#dd8452",
     # chapter 4: the trained variants of Table 1 and the Bayes-optimal learner
-    "Diag": "#55a868", "Full": "#c44e52", "Bayes-optimal": "#8172b3", "paper": "#8c8c8c",
+    "Diag": "#55a868", "Full": "#da8bc3", "Bayes-optimal": "#937860", "Bayes": "#937860", "paper": "#8c8c8c",
+    "GD++ 2": "#8172b3", "GD++ 5": "#8172b3", "Diag 2": "#9ccc9c", "Diag 3": "#55a868", "Diag 5": "#2f6b3a",
+    "Full 5": "#da8bc3",
 }
 
 

@@ -47,7 +47,7 @@ def test_torch_is_never_pinned_to_a_release_that_would_replace_colabs():
 
 def public_callables():
     for module_name in ("runtime", "data", "linalg", "models", "memformer", "baselines", "optimizers", "theory",
-                        "evaluate", "train", "checkpoints", "plots", "widgets"):
+                        "evaluate", "mixed_noise", "train", "checkpoints", "plots", "widgets"):
         module = getattr(__import__(f"icl_course.{module_name}"), module_name)
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name)
