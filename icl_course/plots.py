@@ -23,8 +23,9 @@ COLORS = {
     "gradient descent": "#4c72b0", "trained model": "#c44e52", "GD++": "#8172b3",
     "Newton's iteration": "#937860", "conjugate gradient": "#da8bc3", "eigenvalues": "#dd8452",
     # chapter 4: the trained variants of Table 1 and the Bayes-optimal learner
-    "Diag": "#55a868", "Full": "#da8bc3", "Bayes-optimal": "#937860", "Bayes": "#937860", "paper": "#8c8c8c",
-    "GD++ 2": "#8172b3", "GD++ 5": "#8172b3", "Diag 2": "#9ccc9c", "Diag 3": "#55a868", "Diag 5": "#2f6b3a",
+    # (blue for Diag: chapter 4 shows no least squares or gradient descent, and green is AdaRR's)
+    "Diag": "#4c72b0", "Full": "#da8bc3", "Bayes-optimal": "#937860", "Bayes": "#937860", "paper": "#8c8c8c",
+    "GD++ 2": "#8172b3", "GD++ 5": "#8172b3", "Diag 2": "#7ea6d8", "Diag 3": "#4c72b0", "Diag 5": "#1f3d73",
     "Full 5": "#da8bc3",
 }
 
@@ -278,10 +279,10 @@ def show_diag_profile(layer_1: Mapping[str, float], layer_2: Mapping[str, float]
         overall = Estimate.from_samples(query_averaged_loss(model(mixed).weights, mixed)
                                         - query_averaged_loss(oracle_ridge(mixed), mixed))
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    plot_estimates(axes[0], sigmas, {"two-layer Diag": profile}, "noise level $\\sigma$ of the task",
+    plot_estimates(axes[0], sigmas, {"Diag 2": profile}, "noise level $\\sigma$ of the task",
                    "adjusted loss", title=f"mean over U(0, {sigma_max:g}): {overall:.3g}")
     axes[0].set_ylim(bottom=min(0.0, min(estimate.mean for estimate in profile)))
-    axes[1].plot(sigmas, model_steps, "o-", ms=3, color=COLORS["Diag"], label="two-layer Diag")
+    axes[1].plot(sigmas, model_steps, "o-", ms=3, color=COLORS["Diag 2"], label="Diag 2")
     axes[1].plot(sigmas, oracle_steps, "o-", ms=3, color=COLORS["oracle ridge"], label="oracle ridge")
     axes[1].set_xlabel("noise level $\\sigma$ of the task")
     axes[1].set_ylabel("effective step (median)")

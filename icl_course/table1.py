@@ -480,7 +480,7 @@ def plot_table1(rows: Sequence[dict], path=None):
     columns = [column for column in COLUMNS if any(row["column"] == column for row in rows)]
     figure, axes = plt.subplots(2, math.ceil(len(columns) / 2), figsize=(3.2 * math.ceil(len(columns) / 2), 6),
                                 squeeze=False, sharex=True)
-    colors = {"gdpp": "C0", "diag": "C2", "full": "C3"}
+    colors = {variant: COLORS[name] for variant, name in VARIANTS.items()}
     for ax, column in zip(axes.flat, columns):
         for variant in VARIANTS:
             mine = sorted((row for row in rows if row["variant"] == variant and row["column"] == column),
@@ -504,7 +504,11 @@ def plot_table1(rows: Sequence[dict], path=None):
         ax.set_ylabel("adjusted loss")
     for ax in list(axes.flat)[len(columns):]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    legend = {}   # from every panel: a baseline at 0 (AdaRR, TunedRR when sigma = 0) is drawn in none of some
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
     figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 9), fontsize=8)
     figure.tight_layout(rect=(0, 0.06, 1, 1))
     if path is not None:

@@ -296,7 +296,7 @@ def two_noise_construction(n: int, sigma_1: float, sigma_2: float) -> list[dict]
 
 def adaptive_step_size(w_xy: float, w_yx: float, X: torch.Tensor, y: torch.Tensor) -> tuple:
     """The step on ``alpha`` of a ``w_xy`` layer followed by a ``w_yx`` layer, exactly and as the paper
-    approximates it (Vladymyrov et al. 2024, section 5.2).
+    approximates it (Vladymyrov et al. 2024, section 5.3).
 
     A layer with only ``w_xy`` moves ``x_i <- x_i + w_xy y_i alpha`` (the query's ``x_t`` stays: its
     label slot is 0), so ``alpha^1 = sum_i y_i x_i^1 = (1 + w_xy lambda) alpha`` with the label energy

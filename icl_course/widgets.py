@@ -82,9 +82,13 @@ _DIAG_UNITS = {"w_xx": 1e-2, "w_xy": 1e-4, "w_yx": 1e-2, "w_yy": 1e-4}
 
 
 def diag_explorer(layer_1: dict | None = None, layer_2: dict | None = None, sigma_max: float = 5.0):
-    """Sliders for the eight weights of a two-layer ``diag`` model and the largest noise level ``sigma_max``
+    """Sliders for the weights of a two-layer ``diag`` model and the largest noise level ``sigma_max``
     around :func:`show_diag_profile` (chapter 4).  Defaults: the shipped two-layer Diag model trained on
-    ``U(0, 5)``."""
+    ``U(0, 5)``, rounded to the sliders' steps.
+
+    All four weights of layer 1 have sliders; of layer 2 only ``w_yx`` and ``w_yy``: the last layer's
+    ``w_xx`` and ``w_xy`` move the tokens' ``x`` after the last read, so no prediction depends on them.
+    """
     import ipywidgets as widgets
 
     if layer_1 is None or layer_2 is None:
@@ -100,16 +104,17 @@ def diag_explorer(layer_1: dict | None = None, layer_2: dict | None = None, sigm
         unit = _DIAG_UNITS[name]
         scaled = value / unit
         low, high = (-abs(scaled) * 3 - 1, 1.0) if scaled < 0 else (-1.0, abs(scaled) * 3 + 1)
-        return widgets.FloatSlider(value=round(scaled, 2), min=round(low, 1), max=round(high, 1), step=0.01,
+        return widgets.FloatSlider(value=round(scaled, 1), min=round(low, 1), max=round(high, 1), step=0.1,
                                    description=f"{name}^{layer} x{unit:.0e}",
                                    style={"description_width": "initial"})
 
-    controls = {f"{name}_{layer}": slider(layer, name, float(values.get(name, 0.0)))
-                for layer, values in ((1, layer_1), (2, layer_2)) for name in _DIAG_UNITS}
+    moved = [(1, name) for name in _DIAG_UNITS] + [(2, "w_yx"), (2, "w_yy")]
+    controls = {f"{name}_{layer}": slider(layer, name, float((layer_1, layer_2)[layer - 1].get(name, 0.0)))
+                for layer, name in moved}
 
     def show(sigma_max, **scaled):
-        weights = [{name: scaled[f"{name}_{layer}"] * unit for name, unit in _DIAG_UNITS.items()}
-                   for layer in (1, 2)]
+        weights = [{name: scaled[f"{name}_{layer}"] * unit for name, unit in _DIAG_UNITS.items()
+                    if f"{name}_{layer}" in scaled} for layer in (1, 2)]
         return show_diag_profile(weights[0], weights[1], sigma_max=sigma_max)
 
     return _explorer(show, sigma_max=widgets.FloatSlider(value=sigma_max, min=0.5, max=7.0, step=0.5,
