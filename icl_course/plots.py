@@ -24,8 +24,8 @@ COLORS = {
     "Newton's iteration": "#937860", "conjugate gradient": "#da8bc3", "eigenvalues": "#dd8452",
     # chapter 4: the trained variants of Table 1 and the Bayes-optimal learner
     # (blue for Diag: chapter 4 shows no least squares or gradient descent, and green is AdaRR's)
-    "Diag": "#4c72b0", "Full": "#da8bc3", "Bayes-optimal": "#937860", "Bayes": "#937860", "paper": "#8c8c8c",
-    "GD++ 2": "#8172b3", "GD++ 5": "#8172b3", "Diag 2": "#7ea6d8", "Diag 3": "#4c72b0", "Diag 5": "#1f3d73",
+    "Diag": "#1f77b4", "Full": "#da8bc3", "Bayes-optimal": "#937860", "Bayes": "#937860", "paper": "#8c8c8c",
+    "GD++ 2": "#8172b3", "GD++ 5": "#8172b3", "Diag 2": "#7fb3e0", "Diag 3": "#1f77b4", "Diag 5": "#0b3c6e",
     "Full 5": "#da8bc3",
 }
 
