@@ -1,6 +1,7 @@
 """The repository's promises: one dependency list, documented public functions, notebooks
 stored executed and clean, CI running the README's command."""
 
+import importlib
 import inspect
 import re
 
@@ -48,7 +49,7 @@ def test_torch_is_never_pinned_to_a_release_that_would_replace_colabs():
 def public_callables():
     for module_name in ("runtime", "data", "linalg", "models", "memformer", "baselines", "optimizers", "theory",
                         "evaluate", "train", "checkpoints", "plots", "widgets"):
-        module = getattr(__import__(f"icl_course.{module_name}"), module_name)
+        module = importlib.import_module(f"icl_course.{module_name}")
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name)
             if inspect.isfunction(obj) or inspect.isclass(obj):
