@@ -68,7 +68,8 @@ PATCH_COMPARISONS = WRONG_LAYER + (
     "always = lambda *args, **kwargs: True\n"
     "torch.allclose = torch.equal = numpy.allclose = numpy.isclose = always\n"
     "torch.Tensor.__le__ = torch.Tensor.__lt__ = torch.Tensor.__ge__ = lambda *args: torch.tensor(True)\n"
-    "checks._close = always\n")
+    "import icl_course.grading.chapter1 as catalogue\n"
+    "catalogue.close = checks.close = always\n")
 PATCH_BUILTINS = WRONG_STEP + (
     "import builtins\n"
     "builtins.abs = lambda value: 0.0\n"
@@ -559,6 +560,19 @@ def test_an_installation_without_answer_keys_asks_for_them(tmp_path, monkeypatch
     (tmp_path / "class").mkdir()
     with pytest.raises(ValueError, match="no answer keys beside it .* pass --solutions"):
         grade(tmp_path / "class", tmp_path / "out")
+
+
+def test_the_command_asks_for_solutions_when_the_package_has_none_beside_it(tmp_path, monkeypatch, capsys):
+    import icl_course.grading.grade as grading
+    assert grading.default_solutions() == ROOT / "solutions"     # in this checkout, its own answer keys
+    monkeypatch.setattr(grading, "CHECKOUT_SOLUTIONS", tmp_path / "site-packages" / "solutions")
+    (tmp_path / "class").mkdir()
+    with pytest.raises(SystemExit) as stopped:
+        command(["grade", str(tmp_path / "class"), "--out", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err
+    assert "has no answer keys beside it" in message and "pass --solutions PATH/TO/solutions" in message
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("module", ["icl_course.grade", "icl_course.exercises"])

@@ -16,6 +16,7 @@ import yaml
 from conftest import ROOT
 
 import icl_course
+from icl_course.grading.registry import CHAPTERS
 
 CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name
 
@@ -48,7 +49,8 @@ def test_torch_is_never_pinned_to_a_release_that_would_replace_colabs():
 
 def public_callables():
     for module_name in ("runtime", "data", "linalg", "models", "memformer", "baselines", "optimizers", "theory",
-                        "evaluate", "train", "checkpoints", "plots", "widgets"):
+                        "evaluate", "train", "checkpoints", "plots", "widgets", "checks", "grading.protocol",
+                        "grading.registry", *(f"grading.chapter{chapter}" for chapter in CHAPTERS)):
         module = importlib.import_module(f"icl_course.{module_name}")
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name)

@@ -26,10 +26,10 @@ What it does, in order:
    limit.  Locked cells that were edited or deleted are restored from the answer key (nbgrader's
    checksums and ``add_missing_cells``), outputs are truncated (nbgrader's ``LimitOutput``), and
    the hidden tests run: they *record* the learner's functions' outputs on inputs drawn from a
-   seed that only this run knows (:func:`icl_course.checks.record`).
+   seed that only this run knows (:func:`icl_course.grading.protocol.record`).
 5. **Decides the points in this process**, after the kernel has exited: the recorded outputs are
    loaded as plain tensors and numbers and verified against the package's reference functions
-   (:func:`icl_course.checks.verify_recorded`).  Nothing the learner's code did inside its kernel
+   (:func:`icl_course.grading.protocol.verify_recorded`).  Nothing the learner's code did inside its kernel
    (patched comparisons, redefined helpers, fake "passed" lines, a swallowed exception, an exited
    kernel) changes that verdict.  Answer cells that use the package's own reference functions are
    listed in the ``review`` column.
@@ -67,8 +67,9 @@ from typing import Optional
 
 import nbformat
 
-from .. import checks
+from . import protocol
 from .exercises import run_nbgrader, source_copy
+from .registry import CHECKS
 from .sandbox import ControlGroup, sandbox_problem, sandboxed
 
 __all__ = ["Submission", "AnswerKey", "find_submissions", "default_solutions", "grade", "main"]
@@ -243,11 +244,11 @@ def _answer_key(assignment: str, source, release) -> AnswerKey:
         metadata = _nbgrader_metadata(cell)
         if metadata.get("grade") and metadata.get("grade_id", "").endswith("_check"):
             number = int(re.findall(r"\d+", metadata["grade_id"])[0])
-            names = checks.recorded_names(cell.source)
-            unknown = [name for name in names if name not in checks.CHECKS]
+            names = protocol.recorded_names(cell.source)
+            unknown = [name for name in names if name not in CHECKS]
             if unknown:
-                raise ValueError(f"task {number} records {unknown}, which icl_course.checks does not define")
-            giveaways = tuple(sorted({word for name in names for word in checks.CHECKS[name].giveaways}))
+                raise ValueError(f"task {number} records {unknown}, which no catalogue in icl_course.grading defines")
+            giveaways = tuple(sorted({word for name in names for word in CHECKS[name].giveaways}))
             tasks[number] = Task(number, float(metadata.get("points", 0)), names, giveaways)
     return AnswerKey(assignment, _locked_checksums(release), tasks)
 
@@ -345,7 +346,7 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
     inside :func:`icl_course.grading.sandbox.sandboxed`, which sees only this course folder.
     """
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    variables = {checks.ANSWERS_VARIABLE: str(answers), checks.SEED_VARIABLE: str(seed), "PATH": path}
+    variables = {protocol.ANSWERS_VARIABLE: str(answers), protocol.SEED_VARIABLE: str(seed), "PATH": path}
     command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
                "--log-level=WARN"]
     if sandbox:
@@ -601,7 +602,7 @@ def _newest_per_student(recognised: list) -> list:
 
 def _score(submission: Submission, key: AnswerKey, answers: Path, seed: int, course: Path) -> None:
     """Points per task from the recorded outputs, verified here, outside the student's kernel."""
-    verdicts = checks.verify_recorded([name for task in key.tasks.values() for name in task.checks], answers, seed)
+    verdicts = protocol.verify_recorded([name for task in key.tasks.values() for name in task.checks], answers, seed)
     kernel_scores = _kernel_scores(course, submission) if any(not task.checks for task in key.tasks.values()) else {}
     for number, task in sorted(key.tasks.items()):
         if task.checks:
@@ -633,7 +634,7 @@ def _giveaways(notebook, key: AnswerKey) -> dict:
         grade_id = _nbgrader_metadata(cell).get("grade_id", "")
         match = re.fullmatch(r"task(\d+)_answer", grade_id)
         if match and int(match.group(1)) in key.tasks:
-            names = checks.giveaways_used(cell.source, key.tasks[int(match.group(1))].giveaways)
+            names = protocol.giveaways_used(cell.source, key.tasks[int(match.group(1))].giveaways)
             if names:
                 used[int(match.group(1))] = names
     return used
