@@ -375,25 +375,63 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
         out_of_processes = group is not None and group.out_of_processes()
         if group is not None:
             group.close()
-    stopped = "DeadKernel" in output or "Kernel died" in output or process.returncode != 0
-    if stopped and out_of_memory:
+    graded = course / "autograded" / student / assignment / f"{assignment}.ipynb"
+    return _run_problem(process.returncode, graded, answers, output, out_of_memory, out_of_processes, memory_bytes)
+
+
+# The error output nbgrader puts in a cell that ran past the cell time limit (set in _write_config, so
+# that it does not depend on nbgrader's default).
+CELL_TIMEOUT_ERROR = "CellTimeoutError"
+# Exceptions that nbgrader logs when the kernel could not be started (a port taken meanwhile, a slow start).
+KERNEL_START_FAILURES = ("Kernel didn't respond", "Kernel died before replying to kernel_info",
+                         "Address already in use")
+# the last line of a traceback, as nbgrader logs it (indented): "    nbclient.exceptions.DeadKernelError: Kernel died"
+_EXCEPTION_LINE = re.compile(r"^[ \t]*(?:\w+\.)*(\w+(?:Error|Exception)): ?(.*)$", re.M)
+
+
+def _run_problem(returncode: int, graded: Path, answers: Path, log: str, out_of_memory: bool,
+                 out_of_processes: bool, memory_bytes: int) -> str:
+    """What stopped or troubled one autograde run, in a line for ``status``; '' when nothing did.
+
+    The signals, most trusted first: the control group's counters (kept by Linux, outside the
+    sandbox); nbgrader's return code and whether it kept the executed notebook
+    (it removes it when a run fails); the error outputs it wrote into that notebook; the answers
+    recorded.  nbgrader's log, which mixes nbgrader's messages with whatever the learner's processes
+    write to the terminal, is read last, and only to name the exception of a run that failed.
+    """
+    failed = returncode != 0 or not graded.exists()
+    if failed and out_of_memory:
         return (f"the submission reached its memory limit ({memory_bytes / 2**30:g} GiB for all its processes "
                 "together) and was stopped (the answers recorded before that count)")
-    if stopped and out_of_processes:
+    if failed and out_of_processes:
         return (f"the submission reached its limit of {MAX_PROCESSES} processes and threads and was stopped (the "
                 "answers recorded before that count)")
-    if "Address already in use" in output or "Kernel didn't respond" in output:
-        return "the kernel could not start"
-    if "DeadKernel" in output or "Kernel died" in output:
-        return "the kernel stopped during execution (the answers recorded before it stopped count)"
-    if "became unresponsive" in output:
-        return "the kernel stopped responding and could not be interrupted"
-    if process.returncode != 0:
-        last = [line for line in output.splitlines() if line.strip() and "see the the above" not in line][-1:]
-        return f"autograding failed: {(last or ['no output'])[0][:200]}"
-    if "CellTimeoutError" in output or "Timeout" in output or "timed out" in output.lower():
-        return "a cell exceeded the cell time limit"
-    return ""
+    if failed:
+        exceptions = _EXCEPTION_LINE.findall(log)
+        name, message = exceptions[-1] if exceptions else ("", "")
+        if name == "DeadKernelError":
+            return "the kernel stopped during execution (the answers recorded before it stopped count)"
+        # a kernel that recorded an answer did start: running the learner's code again would be wrong
+        recorded = answers.is_dir() and any(answers.iterdir())
+        if not recorded and any(text in message for text in KERNEL_START_FAILURES):
+            return "the kernel could not start"
+        if name:
+            return f"autograding failed: {name}: {message}"[:200]
+        return f"autograding failed (nbgrader exited with status {returncode} and kept no executed notebook)"
+    try:
+        timed_out = _timed_out_cells(graded)
+    except Exception as error:  # nbgrader wrote it, but the learner's code could write there too
+        return f"the executed notebook could not be read ({type(error).__name__})"
+    return "a cell exceeded the cell time limit" if timed_out else ""
+
+
+def _timed_out_cells(graded: Path) -> int:
+    """How many cells of the executed notebook nbgrader interrupted at the cell time limit."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        notebook = nbformat.read(graded, as_version=4)
+    return sum(output.get("output_type") == "error" and output.get("ename") == CELL_TIMEOUT_ERROR
+               for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", []))
 
 
 def _write_config(course: Path, cell_timeout: float) -> None:
@@ -402,6 +440,8 @@ def _write_config(course: Path, cell_timeout: float) -> None:
         "c.CourseDirectory.course_id = 'icl-course'\n"
         f"c.Execute.timeout = {int(cell_timeout)}\n"
         "c.Execute.interrupt_on_timeout = True\n"
+        f"c.Execute.error_on_timeout = {{'ename': {CELL_TIMEOUT_ERROR!r}, 'evalue': 'the cell time limit', "
+        f"'traceback': ['{CELL_TIMEOUT_ERROR}: the cell ran past the cell time limit ({int(cell_timeout)} s)']}}\n"
         "c.OverwriteCells.add_missing_cells = True\n"
     )
 
