@@ -3,8 +3,8 @@
 A stable, thin front for :mod:`icl_course.grading`: the notebooks call ``checks.self_check(name, f)``,
 ``checks.record(name, f)`` (hidden tests), ``checks.hint(name)`` and ``checks.progress(chapter)``.
 How a check runs is in :mod:`icl_course.grading.protocol`; what each check verifies is in its
-chapter's catalogue, :mod:`icl_course.grading.chapter1` and so on; :data:`CHECKS`, every check by
-name, comes from :mod:`icl_course.grading.registry`.
+chapter's catalogue, :mod:`icl_course.grading.chapter1` and so on; ``CHECKS``, every check by name,
+comes from :mod:`icl_course.grading.registry` (loaded when first used).
 """
 
 from .grading.protocol import (
@@ -35,9 +35,18 @@ from .grading.protocol import (
     self_check,
     verify_recorded,
 )
-from .grading.registry import CHECKS
 
-__all__ = ["Case", "Check", "CheckFailed", "SelfCheckFailed", "CHECKS", "self_check", "record", "verify_recorded",
+__all__ = ["CHECKS",  # noqa: F822 (given by __getattr__ below)
+           "Case", "Check", "CheckFailed", "SelfCheckFailed", "self_check", "record", "verify_recorded",
            "recorded_names", "giveaways_used", "hint", "progress", "Progress", "find", "portable",
            "ANSWERS_VARIABLE", "SEED_VARIABLE", "FLOAT64", "fail", "expect_tensor", "expect_number", "expect_pair",
            "describe", "close", "plural", "generator_from", "normal"]
+
+
+def __getattr__(name: str):
+    # CHECKS is looked up when first asked for, not at import: a chapter's catalogue may then import
+    # its helpers from here while the registry is loading it, whichever of the two is imported first.
+    if name == "CHECKS":
+        from .grading.registry import CHECKS
+        return CHECKS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -339,3 +339,18 @@ def test_no_module_of_the_package_imports_another_ones_private_names():
                 offenders += [f"{path.relative_to(ROOT)}: {alias.name}" for alias in node.names
                               if alias.name.startswith("_")]
     assert offenders == []
+
+
+def test_importing_checks_does_not_load_the_catalogues_so_a_catalogue_may_import_from_it():
+    import subprocess
+    import sys
+    script = ("import sys\n"
+              "from icl_course.checks import Case, Check, close, fail\n"    # what a catalogue may import
+              "assert 'icl_course.grading.registry' not in sys.modules\n"
+              "from icl_course.checks import CHECKS\n"
+              "from icl_course.grading import registry\n"
+              "assert CHECKS is registry.CHECKS and 'merged_form' in CHECKS\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    with pytest.raises(AttributeError, match="has no attribute 'CHEKCS'"):
+        checks.CHEKCS
