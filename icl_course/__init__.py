@@ -4,7 +4,8 @@ One module per concept, each importable on its own:
 
 * :mod:`icl_course.data`: the regression task, noise laws, samplers;
 * :mod:`icl_course.models`: linear self-attention (``full``, ``diag``, ``gdpp``, ``gd``) and the GD construction;
-* :mod:`icl_course.baselines`: least squares, ridge, ConstRR/AdaRR/TunedRR, gradient descent;
+* :mod:`icl_course.baselines`: learners of a TaskBatch: least squares, ridge, ConstRR/AdaRR/TunedRR, BayesOptimal;
+* :mod:`icl_course.optimizers`: iterative methods on tensors, with their paths: GD, CG, momentum, Newton;
 * :mod:`icl_course.theory`: closed forms;
 * :mod:`icl_course.evaluate`: losses with standard errors;
 * :mod:`icl_course.train`: training with checkpoints and resumption;

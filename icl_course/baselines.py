@@ -1,9 +1,11 @@
-"""Closed-form and iterative learners that read the same context as the transformer.
+"""Closed-form learners that read the same context as the transformer.
 
 Every learner maps a :class:`~icl_course.data.TaskBatch` of ``B`` tasks to weights
-``w_hat`` of shape (B, d); its prediction is ``<w_hat, x_t>``.  Ridge regression follows
-Vladymyrov et al. 2024, eq. (5): ``w = (Sigma + ridge_lambda I)^-1 alpha`` with ``Sigma = X^T X`` and
-``alpha = X^T y``, so the oracle's ``ridge_lambda`` is the task's ``sigma^2``.
+``w_hat`` of shape (B, d); its prediction is ``<w_hat, x_t>``.  So a learner can be scored as it
+is, ``adjusted_loss(least_squares, tasks)``; :func:`least_squares` and :func:`ridge` (and
+:func:`noise_variance_estimate`) also take the context as tensors, ``least_squares(X, y)``.
+Ridge regression follows Vladymyrov et al. 2024, eq. (5): ``w = (Sigma + ridge_lambda I)^-1 alpha``
+with ``Sigma = X^T X`` and ``alpha = X^T y``, so the oracle's ``ridge_lambda`` is the task's ``sigma^2``.
 
 The three noise-adaptive baselines of Vladymyrov et al. (2024), section 6:
 
@@ -12,8 +14,11 @@ The three noise-adaptive baselines of Vladymyrov et al. (2024), section 6:
   ``sum_j (y_j - <w_ols, x_j>)^2 / (n - d)`` (needs ``n > d``);
 * :class:`TunedRR`: ``ridge_lambda = min(factor * sigma_est^2, cap)`` with both tuned.
 
-The iterative optimisers (gradient descent, conjugate gradient, Newton's iteration) live in
-:mod:`icl_course.optimizers`; they are importable from here too.
+The iterative optimisers (gradient descent, conjugate gradient, Newton's iteration, momentum, and
+:func:`~icl_course.optimizers.tune_step_sizes`) live in :mod:`icl_course.optimizers`.  They are
+not learners of this kind: they take the tensors ``X, y`` and return the whole path of iterates,
+(B, num_steps + 1, d), so that a chapter can set step ``l`` beside a transformer's layer ``l``.
+They are importable from here too.
 
 Tuning uses one eigendecomposition of ``Sigma`` per task, after which the ridge solution
 for any ``ridge_lambda`` costs O(d) per task: a whole grid of values is cheap.
@@ -23,7 +28,16 @@ from __future__ import annotations
 
 import torch
 
-from .data import CategoricalNoise, FixedNoise, NoiseLike, TaskBatch, UniformNoise, as_noise, check_context
+from .data import (
+    CategoricalNoise,
+    FixedNoise,
+    NoiseLike,
+    TaskBatch,
+    UniformNoise,
+    as_noise,
+    check_context,
+    context_of,
+)
 from .linalg import solve_positive_definite
 from .optimizers import conjugate_gradient, gradient_descent, newton_inverse, tune_step_sizes  # noqa: F401
 
@@ -53,25 +67,42 @@ def _check_overdetermined(X: torch.Tensor, method: str, strict: bool) -> None:
         )
 
 
-def least_squares(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _normal_equations(batch, y=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(X, Sigma, alpha)`` of a :class:`TaskBatch`, or of ``X`` (B, n, d) and ``y`` (B, n), checked:
+    ``Sigma = X^T X`` (B, d, d) and ``alpha = X^T y`` (B, d)."""
+    X, y, _ = context_of(batch, y)
+    check_context(X, y)
+    if isinstance(batch, TaskBatch):
+        return X, batch.Sigma, batch.alpha
+    return X, X.transpose(-1, -2) @ X, (X.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1)
+
+
+def least_squares(batch, y: torch.Tensor | None = None) -> torch.Tensor:
     """Ordinary least squares per task, ``w* = Sigma^-1 alpha`` (Vladymyrov et al. 2024, eq. 4).
 
+    ``least_squares(batch)`` for a :class:`TaskBatch`, or ``least_squares(X, y)``.
     Shapes: ``X`` (B, n, d), ``y`` (B, n) -> (B, d).  Needs ``n >= d``.
     """
-    check_context(X, y)
+    X, Sigma, alpha = _normal_equations(batch, y)
     _check_overdetermined(X, "least squares", strict=False)
     # The normal equations: at these sizes one batched Cholesky solve is several times faster
     # than a QR-based lstsq, and Sigma is well conditioned unless n is close to d.
-    Sigma = X.transpose(-1, -2) @ X
-    return solve_positive_definite(Sigma, X.transpose(-1, -2) @ y.unsqueeze(-1), "least squares").squeeze(-1)
+    return solve_positive_definite(Sigma, alpha.unsqueeze(-1), "least squares").squeeze(-1)
 
 
-def ridge(X: torch.Tensor, y: torch.Tensor, ridge_lambda) -> torch.Tensor:
+def ridge(batch, y=None, ridge_lambda=None) -> torch.Tensor:
     """Ridge regression per task, ``(Sigma + ridge_lambda I)^-1 alpha`` (Vladymyrov et al. 2024, eq. 5).
 
+    ``ridge(batch, ridge_lambda)`` for a :class:`TaskBatch`, or ``ridge(X, y, ridge_lambda)``.
     Shapes: ``X`` (B, n, d), ``y`` (B, n), ``ridge_lambda`` a number or (B,) -> (B, d).
     """
-    check_context(X, y)
+    if isinstance(batch, TaskBatch):   # the second argument, if any, is ridge_lambda: the batch has its y
+        if y is not None and ridge_lambda is not None:
+            raise TypeError("ridge(batch, ridge_lambda) takes the labels from the batch: pass ridge_lambda only")
+        y, ridge_lambda = None, (y if ridge_lambda is None else ridge_lambda)
+    if ridge_lambda is None:
+        raise TypeError("ridge needs ridge_lambda: ridge(batch, ridge_lambda) or ridge(X, y, ridge_lambda)")
+    X, Sigma, alpha = _normal_equations(batch, y)
     ridge_lambda = torch.as_tensor(ridge_lambda, dtype=X.dtype, device=X.device)
     if ridge_lambda.dim() > 1 or (ridge_lambda.dim() == 1 and ridge_lambda.shape[0] != X.shape[0]):
         raise ValueError(f"ridge_lambda must be a number or have shape ({X.shape[0]},), "
@@ -83,11 +114,8 @@ def ridge(X: torch.Tensor, y: torch.Tensor, ridge_lambda) -> torch.Tensor:
             f"ridge with ridge_lambda = 0 is least squares, which needs n >= d (got n={X.shape[-2]}, "
             f"d={X.shape[-1]}): Sigma is singular. Use a positive ridge_lambda"
         )
-    d = X.shape[-1]
-    Sigma = X.transpose(-1, -2) @ X
-    alpha = (X.transpose(-1, -2) @ y.unsqueeze(-1))
-    regulariser = ridge_lambda.reshape(-1, 1, 1) * torch.eye(d, dtype=X.dtype, device=X.device)
-    return solve_positive_definite(Sigma + regulariser, alpha, "ridge").squeeze(-1)
+    regulariser = ridge_lambda.reshape(-1, 1, 1) * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    return solve_positive_definite(Sigma + regulariser, alpha.unsqueeze(-1), "ridge").squeeze(-1)
 
 
 def oracle_ridge(batch: TaskBatch) -> torch.Tensor:
@@ -96,18 +124,20 @@ def oracle_ridge(batch: TaskBatch) -> torch.Tensor:
     With ``w ~ N(0, I)`` this is the posterior mean of ``w``, the best any learner can do
     when it is told ``sigma``; the adjusted loss of Table 1 is measured against it.
     """
-    return ridge(batch.X, batch.y, batch.sigma**2)
+    return ridge(batch, batch.sigma**2)
 
 
-def noise_variance_estimate(X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def noise_variance_estimate(batch, y: torch.Tensor | None = None) -> torch.Tensor:
     """The unbiased estimate ``sum_j (y_j - <w_ols, x_j>)^2 / (n - d)`` per task: (B,).
 
+    ``noise_variance_estimate(batch)`` for a :class:`TaskBatch`, or ``noise_variance_estimate(X, y)``.
     Shapes: ``X`` (B, n, d), ``y`` (B, n).  Needs ``n > d``.
     """
+    X, y, _ = context_of(batch, y)
     check_context(X, y)
     _check_overdetermined(X, "the noise-variance estimate", strict=True)
     n, d = X.shape[-2], X.shape[-1]
-    residuals = y - (X @ least_squares(X, y).unsqueeze(-1)).squeeze(-1)
+    residuals = y - (X @ least_squares(batch, y).unsqueeze(-1)).squeeze(-1)
     return (residuals**2).sum(-1) / (n - d)
 
 
@@ -181,7 +211,7 @@ class ConstRR:
     def __call__(self, batch: TaskBatch) -> torch.Tensor:
         if self.ridge_lambda is None:
             raise RuntimeError("ConstRR is not tuned yet: call .fit(tuning_batch) first, or pass ridge_lambda")
-        return ridge(batch.X, batch.y, self.ridge_lambda)
+        return ridge(batch, self.ridge_lambda)
 
     def __repr__(self) -> str:
         return f"ConstRR(ridge_lambda={self.ridge_lambda})"
@@ -195,7 +225,7 @@ class AdaRR:
         return self
 
     def __call__(self, batch: TaskBatch) -> torch.Tensor:
-        return ridge(batch.X, batch.y, noise_variance_estimate(batch.X, batch.y))
+        return ridge(batch, noise_variance_estimate(batch))
 
     def __repr__(self) -> str:
         return "AdaRR()"
@@ -210,7 +240,7 @@ class TunedRR:
     def fit(self, batch: TaskBatch) -> "TunedRR":
         """Tune ``factor`` and ``cap`` on ``batch`` by coordinate descent on the mean loss."""
         spectrum = _Spectrum(batch)
-        estimate = noise_variance_estimate(batch.X.double(), batch.y.double())
+        estimate = noise_variance_estimate(batch.to(dtype=torch.float64))
         factor, cap = 1.0, float(estimate.max())
         for _ in range(2):  # a second pass changes the tuned loss by well under 0.1%
             factor = _minimise_over_log(lambda values: spectrum.half_squared_errors(
@@ -223,8 +253,8 @@ class TunedRR:
     def __call__(self, batch: TaskBatch) -> torch.Tensor:
         if self.factor is None:
             raise RuntimeError("TunedRR is not tuned yet: call .fit(tuning_batch) first, or pass factor and cap")
-        estimate = noise_variance_estimate(batch.X, batch.y)
-        return ridge(batch.X, batch.y, torch.clamp(self.factor * estimate, max=self.cap))
+        estimate = noise_variance_estimate(batch)
+        return ridge(batch, torch.clamp(self.factor * estimate, max=self.cap))
 
     def __repr__(self) -> str:
         return f"TunedRR(factor={self.factor}, cap={self.cap})"

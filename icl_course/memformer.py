@@ -443,7 +443,7 @@ def coefficient_explorer(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3)):
     """Sliders for three layers' ``alpha_l, gamma_l`` around :func:`show_coefficients`."""
     import ipywidgets as widgets
 
-    from .widgets import _explorer
+    from .widgets import explorer
 
     def show(**values):
         return show_coefficients([values[f"alpha_{k}"] for k in (1, 2, 3)],
@@ -453,7 +453,7 @@ def coefficient_explorer(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3)):
                                                   description=f"alpha_{k}") for k in (1, 2, 3)}
     controls.update({f"gamma_{k}": widgets.FloatSlider(value=gamma[k - 1], min=0.0, max=1.5, step=0.05,
                                                        description=f"gamma_{k}") for k in (1, 2, 3)})
-    return _explorer(show, **controls)
+    return explorer(show, **controls)
 
 
 if __name__ == "__main__":

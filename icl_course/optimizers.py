@@ -7,7 +7,14 @@ with step ``l`` of an algorithm.  The loops run over steps, never over tasks.
 
 * :func:`gradient_descent` (preconditioned, one step size per step) and :func:`tune_step_sizes`;
 * :func:`conjugate_gradient`, exact after ``d`` steps;
+* :func:`momentum_descent` (heavy ball or Nesterov) and :func:`tune_momentum`;
 * :func:`newton_inverse`, Newton's iteration for a matrix inverse (Fu et al. 2023).
+
+The calling convention differs from :mod:`icl_course.baselines` on purpose: a learner there maps a
+:class:`~icl_course.data.TaskBatch` to one weight vector per task, while an optimiser here takes the
+context as tensors, ``X`` (B, n, d) and ``y`` (B, n) (``gradient_descent(batch.X, batch.y, eta,
+num_steps)``), and returns its path, (B, num_steps + 1, d); :func:`newton_inverse` takes the matrix it
+inverts.  The tuners take the batch they tune on.
 """
 
 from __future__ import annotations

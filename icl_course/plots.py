@@ -112,9 +112,9 @@ def show_task_fits(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
     batch = tasks.sample(1, seed=seed)
     weights = {}
     if n >= d:
-        weights["least squares"] = least_squares(batch.X, batch.y)[0]
+        weights["least squares"] = least_squares(batch)[0]
     if sigma > 0:
-        weights["oracle ridge"] = ridge(batch.X, batch.y, sigma**2)[0]
+        weights["oracle ridge"] = ridge(batch, sigma**2)[0]
     else:
         weights["oracle ridge"] = (torch.linalg.pinv(batch.X[0]) @ batch.y[0])
     queries = tasks.sample(200, seed=seed + 1).x_t

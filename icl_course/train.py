@@ -47,6 +47,7 @@ class TrainingHistory:
 
     @property
     def num_steps(self) -> int:
+        """How many steps the record holds (those of earlier runs of a resumed training included)."""
         return len(self.losses)
 
     def smoothed(self, window: int = 50) -> torch.Tensor:
@@ -60,6 +61,7 @@ class TrainingHistory:
         return (cumulative[index] - cumulative[start]) / (index - start)
 
     def as_dict(self) -> dict:
+        """The losses and learning rates as plain lists (what a checkpoint stores)."""
         return {"losses": list(self.losses), "learning_rates": list(self.learning_rates)}
 
 

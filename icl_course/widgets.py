@@ -8,13 +8,14 @@ import matplotlib.pyplot as plt
 
 from .plots import show_diag_profile, show_gd_and_transformer, show_gdpp_spectrum, show_one_step_loss, show_task_fits
 
-__all__ = ["show_task_fits", "task_explorer", "show_gd_and_transformer", "gd_explorer",
+__all__ = ["explorer", "show_task_fits", "task_explorer", "show_gd_and_transformer", "gd_explorer",
            "show_one_step_loss", "step_size_explorer", "show_gdpp_spectrum", "gdpp_explorer",
            "show_diag_profile", "diag_explorer"]
 
 
-def _explorer(show, **controls):
-    """An ``ipywidgets.interactive`` that redraws ``show(**values)`` whenever a control moves."""
+def explorer(show, **controls):
+    """An ``ipywidgets.interactive`` that redraws ``show(**values)`` whenever a control moves (the
+    ``controls`` are ipywidgets' abbreviations: a tuple for a slider, a list for a drop-down)."""
     import ipywidgets as widgets
 
     def draw(**values):
@@ -28,7 +29,7 @@ def task_explorer(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
     """Sliders for ``n``, ``d``, ``sigma`` and the seed around :func:`show_task_fits`."""
     import ipywidgets as widgets
 
-    return _explorer(
+    return explorer(
         show_task_fits,
         n=widgets.IntSlider(value=n, min=1, max=60, description="n"),
         d=widgets.IntSlider(value=d, min=1, max=12, description="d"),
@@ -41,7 +42,7 @@ def gd_explorer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0):
     """Sliders for the step size, ``n``, ``d`` and the noise around :func:`show_gd_and_transformer`."""
     import ipywidgets as widgets
 
-    return _explorer(
+    return explorer(
         show_gd_and_transformer,
         eta=widgets.FloatSlider(value=eta, min=0.05, max=2.5, step=0.05, description="eta"),
         n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
@@ -54,7 +55,7 @@ def step_size_explorer(n: int = 20, d: int = 10, sigma: float = 1.0):
     """Sliders for ``n``, ``d`` and ``sigma`` around :func:`show_one_step_loss`."""
     import ipywidgets as widgets
 
-    return _explorer(
+    return explorer(
         show_one_step_loss,
         n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
         d=widgets.IntSlider(value=d, min=1, max=20, description="d"),
@@ -67,7 +68,7 @@ def gdpp_explorer(kappa: float = 100.0, gamma_scale: float = 1.0, num_layers: in
     around :func:`show_gdpp_spectrum`."""
     import ipywidgets as widgets
 
-    return _explorer(
+    return explorer(
         show_gdpp_spectrum,
         kappa=widgets.FloatLogSlider(value=kappa, base=10, min=0.5, max=6, step=0.25, description="kappa"),
         gamma_scale=widgets.FloatSlider(value=gamma_scale, min=0.1, max=3.0, step=0.1, description="gamma x 3 l_max"),
@@ -117,5 +118,5 @@ def diag_explorer(layer_1: dict | None = None, layer_2: dict | None = None, sigm
                     if f"{name}_{layer}" in scaled} for layer in (1, 2)]
         return show_diag_profile(weights[0], weights[1], sigma_max=sigma_max)
 
-    return _explorer(show, sigma_max=widgets.FloatSlider(value=sigma_max, min=0.5, max=7.0, step=0.5,
+    return explorer(show, sigma_max=widgets.FloatSlider(value=sigma_max, min=0.5, max=7.0, step=0.5,
                                                          description="sigma_max"), **controls)

@@ -42,12 +42,30 @@ def test_ridge_solves_the_regularised_normal_equations(float64_tasks):
     assert torch.allclose(ridge(batch.X, batch.y, 0.0), least_squares(batch.X, batch.y), atol=1e-9)
 
 
+def test_least_squares_and_ridge_take_a_batch_or_its_tensors(float64_tasks):
+    batch = float64_tasks(d=4, n=7, noise=0.5).sample(6, seed=5)
+    torch.testing.assert_close(least_squares(batch), least_squares(batch.X, batch.y), rtol=1e-12, atol=1e-12)
+    ridge_lambda = torch.linspace(0.1, 2.0, 6, dtype=torch.float64)
+    expected = ridge(batch.X, batch.y, ridge_lambda)
+    for weights in (ridge(batch, ridge_lambda), ridge(batch, ridge_lambda=ridge_lambda)):
+        torch.testing.assert_close(weights, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(noise_variance_estimate(batch), noise_variance_estimate(batch.X, batch.y))
+    with pytest.raises(TypeError, match="takes the labels from the batch: pass ridge_lambda only"):
+        ridge(batch, batch.y, 1.0)
+    with pytest.raises(TypeError, match=r"ridge needs ridge_lambda: ridge\(batch, ridge_lambda\)"):
+        ridge(batch)
+    with pytest.raises(TypeError, match="ridge needs ridge_lambda"):
+        ridge(batch.X, batch.y)
+    with pytest.raises(ValueError, match="pass a TaskBatch, or both X"):
+        least_squares(batch.X)
+
+
 def test_oracle_ridge_is_the_best_ridge(float64_tasks):
     # With w ~ N(0, I) the oracle is the posterior mean: any other ridge_lambda loses on average.
     batch = float64_tasks(d=4, n=8, noise=UniformNoise(2)).sample(50_000, seed=2)
     oracle = query_averaged_loss(oracle_ridge(batch), batch)
     for factor in (0.5, 2.0):
-        other = query_averaged_loss(ridge(batch.X, batch.y, factor * batch.sigma**2), batch)
+        other = query_averaged_loss(ridge(batch, factor * batch.sigma**2), batch)
         gap = other - oracle
         assert gap.mean() > 4 * gap.std() / len(gap) ** 0.5
 

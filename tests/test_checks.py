@@ -4,13 +4,15 @@ loads from a learner's kernel can only be plain data."""
 import math
 import os
 import re
+from dataclasses import replace
 
 import nbformat
 import pytest
 import torch
 from conftest import ROOT
 
-from icl_course import checks
+from icl_course import checks, theory
+from icl_course.grading import protocol
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def answers():
 def run(name, function, seed):
     check = checks.CHECKS[name]
     for case in check.grading_cases(seed):
-        check.verify(case, checks._portable(function(**case.arguments)))
+        check.verify(case, checks.portable(function(**case.arguments)))
 
 
 def test_every_exercise_function_has_a_check(answers):
@@ -70,7 +72,7 @@ MISTAKES = {
     "optimal_preconditioner": (
         lambda S, n, second_moment=0.0: torch.linalg.inv(S) / (n + S.shape[0] + 1 + second_moment),
         "the best B when w ~ N\\(0, S\\^-1\\)"),
-    "gdpp_layers": (lambda kappa, eps: checks.theory.gdpp_layers_needed(kappa, eps) - 1, "are needed"),
+    "gdpp_layers": (lambda kappa, eps: theory.gdpp_layers_needed(kappa, eps) - 1, "are needed"),
     "best_cosine": (
         lambda X, target: (X[..., 0] * target).sum(-1).abs() / (X[..., 0].norm(dim=-1) * target.norm(dim=-1)),
         "projection"),
@@ -138,7 +140,7 @@ def test_every_task_has_hints_that_open_one_at_a_time(capsys):
     assert set(HINTS) == set(checks.CHECKS), "every graded task needs hints, and every hint a task"
     for name, hints in HINTS.items():
         assert len(hints) >= 3 and len(set(hints)) == len(hints), name
-    checks._HINTS_SHOWN.clear()
+    protocol._HINTS_SHOWN.clear()
     checks.hint("gdpp_layers")
     first = capsys.readouterr().out
     assert "hint 1 of 3" in first and "hint 2" not in first and "again for the next" in first
@@ -151,8 +153,8 @@ def test_every_task_has_hints_that_open_one_at_a_time(capsys):
 
 
 def test_progress_shows_what_the_self_checks_of_this_kernel_found():
-    checks._OUTCOMES.clear()
-    checks._HINTS_SHOWN.clear()
+    protocol._OUTCOMES.clear()
+    protocol._HINTS_SHOWN.clear()
     table = checks.progress(2)
     assert [row[1] for row in table.rows][:2] == ["fourth_moment", "fourth_moment_monte_carlo"]
     assert table.passed == 0 and all(row[2] == "not run yet" for row in table.rows)
@@ -219,7 +221,7 @@ def test_a_forged_answers_file_is_refused_and_never_executed(grading, tmp_path):
     torch.save([("output", Payload(marker))], grading / "merged_form.pt")
     torch.save("not a list of entries", grading / "gd_matrices.pt")
     torch.save([("output", 1.0)] * 2, grading / "best_step_size.pt")
-    (grading / "bilinear_B.pt").write_bytes(b"\x00" * (checks.MAX_RECORD_BYTES + 1))
+    (grading / "bilinear_B.pt").write_bytes(b"\x00" * (protocol.MAX_RECORD_BYTES + 1))
     verdicts = checks.verify_recorded(["merged_form", "gd_matrices", "best_step_size", "bilinear_B"], grading, 11)
     assert "could not be read safely" in verdicts["merged_form"] and not marker.exists()
     assert "not in the format" in verdicts["gd_matrices"]
@@ -229,9 +231,9 @@ def test_a_forged_answers_file_is_refused_and_never_executed(grading, tmp_path):
 
 def test_portable_outputs_are_plain():
     parameter = torch.nn.Parameter(torch.ones(2))
-    assert type(checks._portable(parameter)) is torch.Tensor
-    assert checks._portable((1, 2.5, True)) == (1, 2.5, True)
-    assert checks._portable(math) == "<an object of type module>"
+    assert type(checks.portable(parameter)) is torch.Tensor
+    assert checks.portable((1, 2.5, True)) == (1, 2.5, True)
+    assert checks.portable(math) == "<an object of type module>"
 
 
 def test_giveaways_are_found_in_code_not_in_the_answers_own_names():
@@ -302,3 +304,53 @@ def test_messages_count_layers_in_good_english():
         checks.CHECKS["transformer_prediction"].verify(case, torch.zeros(case.arguments["tokens"].shape[0],
                                                                          dtype=torch.float64))
     assert "1 layer should give the prediction of 1 GD step " in str(failure.value)
+
+
+def test_the_registry_collects_every_chapters_catalogue_under_unique_names():
+    from icl_course.grading import registry
+    assert sorted({check.chapter for check in checks.CHECKS.values()}) == list(registry.CHAPTERS)
+    for chapter in registry.CHAPTERS:
+        names = [check.name for check in registry.catalogue(chapter)]
+        assert names and all(checks.CHECKS[name].chapter == chapter for name in names)
+    assert registry.build_registry((1, 2)).keys() == {name for name, check in checks.CHECKS.items()
+                                                      if check.chapter in (1, 2)}
+
+
+def test_the_registry_refuses_a_name_used_twice_or_a_check_filed_under_another_chapter(monkeypatch):
+    from icl_course.grading import chapter2, registry
+    duplicate = registry.catalogue(1)[0]
+    monkeypatch.setattr(chapter2, "chapter_2_checks", lambda: [replace(duplicate, chapter=2)])
+    with pytest.raises(ValueError, match="two checks are named 'merged_form' \\(chapters 1 and 2\\)"):
+        registry.build_registry((1, 2))
+    with pytest.raises(ValueError, match="'merged_form' of icl_course.grading.chapter2 says it belongs to chapter 1"):
+        monkeypatch.setattr(chapter2, "chapter_2_checks", lambda: [duplicate])
+        registry.build_registry((2,))
+    with pytest.raises(ModuleNotFoundError, match="icl_course.grading.chapter9"):
+        registry.build_registry((9,))
+
+
+def test_no_module_of_the_package_imports_another_ones_private_names():
+    import ast
+    offenders = []
+    for path in sorted((ROOT / "icl_course").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            ours = isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("icl_course"))
+            if ours:
+                offenders += [f"{path.relative_to(ROOT)}: {alias.name}" for alias in node.names
+                              if alias.name.startswith("_")]
+    assert offenders == []
+
+
+def test_importing_checks_does_not_load_the_catalogues_so_a_catalogue_may_import_from_it():
+    import subprocess
+    import sys
+    script = ("import sys\n"
+              "from icl_course.checks import Case, Check, close, fail\n"    # what a catalogue may import
+              "assert 'icl_course.grading.registry' not in sys.modules\n"
+              "from icl_course.checks import CHECKS\n"
+              "from icl_course.grading import registry\n"
+              "assert CHECKS is registry.CHECKS and 'merged_form' in CHECKS\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    with pytest.raises(AttributeError, match="has no attribute 'CHEKCS'"):
+        checks.CHEKCS

@@ -47,7 +47,7 @@ def test_expected_loss_of_predicting_zero_is_half_the_dimension():
 def test_adjusted_loss_of_the_oracle_is_zero_and_of_others_positive():
     tasks = RegressionTasks(4, 10, UniformNoise(2), dtype=torch.float64, device="cpu")
     assert adjusted_loss(oracle_ridge, tasks, num_tasks=1000).mean == 0.0
-    estimate = adjusted_loss(lambda b: least_squares(b.X, b.y), tasks, num_tasks=20_000)
+    estimate = adjusted_loss(least_squares, tasks, num_tasks=20_000)
     assert estimate.mean > 4 * estimate.stderr
 
 
@@ -64,7 +64,7 @@ def test_per_layer_loss_follows_gradient_descent():
 
 def test_noise_profile_of_least_squares_grows_from_zero():
     tasks = RegressionTasks(3, 12, UniformNoise(2), dtype=torch.float64, device="cpu")
-    profile = noise_profile(lambda b: least_squares(b.X, b.y), tasks, [0.0, 1.0, 2.0], num_tasks=5000)
+    profile = noise_profile(least_squares, tasks, [0.0, 1.0, 2.0], num_tasks=5000)
     assert abs(profile[0].mean) < 1e-12
     assert 0 < profile[1].mean < profile[2].mean
 
@@ -100,8 +100,8 @@ def test_loss_difference_is_paired():
     tasks = RegressionTasks(4, 10, 0.5, dtype=torch.float64, device="cpu")
     same = loss_difference(oracle_ridge, oracle_ridge, tasks, num_tasks=1000)
     assert same.mean == 0.0 and same.stderr == 0.0
-    gap = loss_difference(lambda b: least_squares(b.X, b.y), oracle_ridge, tasks, num_tasks=20_000)
-    separate = expected_loss(lambda b: least_squares(b.X, b.y), tasks, num_tasks=20_000)
+    gap = loss_difference(least_squares, oracle_ridge, tasks, num_tasks=20_000)
+    separate = expected_loss(least_squares, tasks, num_tasks=20_000)
     assert 0 < gap.mean and gap.stderr < separate.stderr
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from icl_course import checks  # first: it registers icl_course.grading.chapter4
+from icl_course import checks
 from icl_course.baselines import BayesOptimal, least_squares, noise_variance_estimate
 from icl_course.data import CategoricalNoise, RegressionTasks
 from icl_course.grading.chapter4 import chapter_4_checks, reference_diag_layer, reference_noise_posterior
@@ -34,7 +34,7 @@ def answers():
 def run(name, function, seed):
     check = checks.CHECKS[name]
     for case in check.grading_cases(seed):
-        check.verify(case, checks._portable(function(**case.arguments)))
+        check.verify(case, checks.portable(function(**case.arguments)))
 
 
 def test_the_chapter_is_registered_with_hints_for_every_task():
@@ -233,7 +233,7 @@ def test_the_self_check_already_names_the_mistake(name, mistake, message):
     check = checks.CHECKS[name]
     with pytest.raises(checks.CheckFailed, match=message):
         for case in check.examples():
-            check.verify(case, checks._portable(mistake(**case.arguments)))
+            check.verify(case, checks.portable(mistake(**case.arguments)))
 
 
 def test_outputs_of_the_wrong_kind_are_named():

@@ -68,7 +68,8 @@ PATCH_COMPARISONS = WRONG_LAYER + (
     "always = lambda *args, **kwargs: True\n"
     "torch.allclose = torch.equal = numpy.allclose = numpy.isclose = always\n"
     "torch.Tensor.__le__ = torch.Tensor.__lt__ = torch.Tensor.__ge__ = lambda *args: torch.tensor(True)\n"
-    "checks._close = always\n")
+    "import icl_course.grading.chapter1 as catalogue\n"
+    "catalogue.close = checks.close = always\n")
 PATCH_BUILTINS = WRONG_STEP + (
     "import builtins\n"
     "builtins.abs = lambda value: 0.0\n"
@@ -561,6 +562,19 @@ def test_an_installation_without_answer_keys_asks_for_them(tmp_path, monkeypatch
         grade(tmp_path / "class", tmp_path / "out")
 
 
+def test_the_command_asks_for_solutions_when_the_package_has_none_beside_it(tmp_path, monkeypatch, capsys):
+    import icl_course.grading.grade as grading
+    assert grading.default_solutions() == ROOT / "solutions"     # in this checkout, its own answer keys
+    monkeypatch.setattr(grading, "CHECKOUT_SOLUTIONS", tmp_path / "site-packages" / "solutions")
+    (tmp_path / "class").mkdir()
+    with pytest.raises(SystemExit) as stopped:
+        command(["grade", str(tmp_path / "class"), "--out", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    message = capsys.readouterr().err
+    assert "has no answer keys beside it" in message and "pass --solutions PATH/TO/solutions" in message
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("module", ["icl_course.grade", "icl_course.exercises"])
 def test_the_old_module_paths_still_run(module):
     import subprocess
@@ -696,3 +710,56 @@ def test_without_a_sandbox_grading_stops_unless_asked_not_to(tmp_path, monkeypat
         grade(tmp_path / "class", tmp_path / "out")
     grade(tmp_path / "class", tmp_path / "out2", sandbox=False)
     assert "warning: --no-sandbox: a learner's code can then read and write every file" in capsys.readouterr().out
+
+
+def executed(path, *outputs):
+    """An executed notebook at ``path`` with one code cell holding ``outputs``, as nbgrader leaves it."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("f()", outputs=list(outputs))]
+    nbformat.write(notebook, path)
+    return path
+
+
+def test_the_status_of_a_run_comes_from_its_return_code_notebook_and_limits_not_from_printed_words(tmp_path):
+    from icl_course.grading.grade import CELL_TIMEOUT_ERROR, _run_problem
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    words = "Timeout\nKernel died\nDeadKernel\ntimed out\nAddress already in use\nbecame unresponsive\n"
+
+    def problem(returncode, graded, log="", memory=False, processes=False):
+        return _run_problem(returncode, graded, answers, log, memory, processes, 2**30)
+
+    clean = executed(tmp_path / "clean.ipynb", nbformat.v4.new_output("stream", name="stdout", text=words))
+    assert problem(0, clean, log=words) == ""         # words a learner's code printed change nothing
+    error = nbformat.v4.new_output("error", ename=CELL_TIMEOUT_ERROR, evalue="", traceback=[])
+    assert problem(0, executed(tmp_path / "slow.ipynb", error)) == "a cell exceeded the cell time limit"
+    missing = tmp_path / "removed-by-nbgrader.ipynb"
+    assert problem(1, missing, memory=True).startswith("the submission reached its memory limit (1 GiB")
+    assert problem(1, missing, processes=True).startswith(f"the submission reached its limit of {MAX_PROCESSES}")
+    assert problem(0, clean, memory=True) == ""        # a child killed, the run unharmed: nothing to report
+    dead = ("[AutogradeApp | ERROR] Traceback (most recent call last):\n"     # as nbgrader 0.9 logs it
+            "      File \".../nbclient/client.py\", line 1009, in async_execute_cell\n"
+            "        raise DeadKernelError(\"Kernel died\") from None\n"
+            "    nbclient.exceptions.DeadKernelError: Kernel died\n    \n"
+            "[AutogradeApp | WARNING] Removing failed assignment: /course/autograded/victor\n")
+    assert problem(1, missing, log=dead).startswith("the kernel stopped during execution")
+    port = "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:5555')\n"
+    assert problem(1, missing, log=port) == "the kernel could not start"
+    (answers / "merged_form.pt").write_bytes(b"recorded")   # the kernel did run: never run it again
+    assert problem(1, missing, log=port).startswith("autograding failed: ZMQError: Address already in use")
+    typo = "[AutogradeApp | ERROR] Please see the the above traceback for details on the specific errors\n"
+    assert problem(1, missing, log=typo) == ("autograding failed (nbgrader exited with status 1 and kept no "
+                                             "executed notebook)")
+    assert problem(0, missing).startswith("autograding failed")   # a run that kept no notebook failed
+
+
+def test_the_cell_time_limit_error_is_ours_not_nbgraders_default(tmp_path):
+    from traitlets.config import Config
+
+    from icl_course.grading.grade import CELL_TIMEOUT_ERROR, _write_config
+    _write_config(tmp_path, 7)
+    config = Config()
+    exec((tmp_path / "nbgrader_config.py").read_text(), {"get_config": lambda: config})
+    assert config.Execute.timeout == 7 and config.Execute.interrupt_on_timeout
+    assert config.Execute.error_on_timeout["ename"] == CELL_TIMEOUT_ERROR
+    assert "(7 s)" in config.Execute.error_on_timeout["traceback"][0]

@@ -115,7 +115,7 @@ def test_chapter_5_checks_accept_the_reference_and_reject_mistakes():
     import random
 
     from icl_course import checks
-    from icl_course.grading_chapter5 import chapter_5_checks, reference_memformer_layer
+    from icl_course.grading.chapter5 import chapter_5_checks, reference_memformer_layer
     from icl_course.memformer import momentum_coefficients
 
     answers = {
@@ -133,7 +133,7 @@ def test_chapter_5_checks_accept_the_reference_and_reject_mistakes():
     for check in chapter_5_checks():
         cases = check.examples() + check.draw(random.Random(0))
         for case in cases:
-            check.verify(case, checks._portable(answers[check.name](**case.arguments)))
+            check.verify(case, checks.portable(answers[check.name](**case.arguments)))
         with pytest.raises(checks.CheckFailed):
             for case in cases:
-                check.verify(case, checks._portable(wrong[check.name](**case.arguments)))
+                check.verify(case, checks.portable(wrong[check.name](**case.arguments)))

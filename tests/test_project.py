@@ -1,6 +1,7 @@
 """The repository's promises: one dependency list, documented public functions, notebooks
 stored executed and clean, CI running the README's command."""
 
+import importlib
 import inspect
 import re
 
@@ -15,6 +16,7 @@ import yaml
 from conftest import ROOT
 
 import icl_course
+from icl_course.grading.registry import CHAPTERS
 
 CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name
 
@@ -47,8 +49,10 @@ def test_torch_is_never_pinned_to_a_release_that_would_replace_colabs():
 
 def public_callables():
     for module_name in ("runtime", "data", "linalg", "models", "memformer", "baselines", "optimizers", "theory",
-                        "evaluate", "mixed_noise", "train", "checkpoints", "plots", "widgets"):
-        module = getattr(__import__(f"icl_course.{module_name}"), module_name)
+                        "evaluate", "mixed_noise", "train", "checkpoints", "plots", "widgets", "checks",
+                        "grading.protocol",
+                        "grading.registry", *(f"grading.chapter{chapter}" for chapter in CHAPTERS)):
+        module = importlib.import_module(f"icl_course.{module_name}")
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name)
             if inspect.isfunction(obj) or inspect.isclass(obj):

@@ -26,10 +26,10 @@ What it does, in order:
    limit.  Locked cells that were edited or deleted are restored from the answer key (nbgrader's
    checksums and ``add_missing_cells``), outputs are truncated (nbgrader's ``LimitOutput``), and
    the hidden tests run: they *record* the learner's functions' outputs on inputs drawn from a
-   seed that only this run knows (:func:`icl_course.checks.record`).
+   seed that only this run knows (:func:`icl_course.grading.protocol.record`).
 5. **Decides the points in this process**, after the kernel has exited: the recorded outputs are
    loaded as plain tensors and numbers and verified against the package's reference functions
-   (:func:`icl_course.checks.verify_recorded`).  Nothing the learner's code did inside its kernel
+   (:func:`icl_course.grading.protocol.verify_recorded`).  Nothing the learner's code did inside its kernel
    (patched comparisons, redefined helpers, fake "passed" lines, a swallowed exception, an exited
    kernel) changes that verdict.  Answer cells that use the package's own reference functions are
    listed in the ``review`` column.
@@ -67,8 +67,9 @@ from typing import Optional
 
 import nbformat
 
-from .. import checks
+from . import protocol
 from .exercises import run_nbgrader, source_copy
+from .registry import CHECKS
 from .sandbox import ControlGroup, sandbox_problem, sandboxed
 
 __all__ = ["Submission", "AnswerKey", "find_submissions", "default_solutions", "grade", "main"]
@@ -243,11 +244,11 @@ def _answer_key(assignment: str, source, release) -> AnswerKey:
         metadata = _nbgrader_metadata(cell)
         if metadata.get("grade") and metadata.get("grade_id", "").endswith("_check"):
             number = int(re.findall(r"\d+", metadata["grade_id"])[0])
-            names = checks.recorded_names(cell.source)
-            unknown = [name for name in names if name not in checks.CHECKS]
+            names = protocol.recorded_names(cell.source)
+            unknown = [name for name in names if name not in CHECKS]
             if unknown:
-                raise ValueError(f"task {number} records {unknown}, which icl_course.checks does not define")
-            giveaways = tuple(sorted({word for name in names for word in checks.CHECKS[name].giveaways}))
+                raise ValueError(f"task {number} records {unknown}, which no catalogue in icl_course.grading defines")
+            giveaways = tuple(sorted({word for name in names for word in CHECKS[name].giveaways}))
             tasks[number] = Task(number, float(metadata.get("points", 0)), names, giveaways)
     return AnswerKey(assignment, _locked_checksums(release), tasks)
 
@@ -345,7 +346,7 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
     inside :func:`icl_course.grading.sandbox.sandboxed`, which sees only this course folder.
     """
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    variables = {checks.ANSWERS_VARIABLE: str(answers), checks.SEED_VARIABLE: str(seed), "PATH": path}
+    variables = {protocol.ANSWERS_VARIABLE: str(answers), protocol.SEED_VARIABLE: str(seed), "PATH": path}
     command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
                "--log-level=WARN"]
     if sandbox:
@@ -374,25 +375,63 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
         out_of_processes = group is not None and group.out_of_processes()
         if group is not None:
             group.close()
-    stopped = "DeadKernel" in output or "Kernel died" in output or process.returncode != 0
-    if stopped and out_of_memory:
+    graded = course / "autograded" / student / assignment / f"{assignment}.ipynb"
+    return _run_problem(process.returncode, graded, answers, output, out_of_memory, out_of_processes, memory_bytes)
+
+
+# The error output nbgrader puts in a cell that ran past the cell time limit (set in _write_config, so
+# that it does not depend on nbgrader's default).
+CELL_TIMEOUT_ERROR = "CellTimeoutError"
+# Exceptions that nbgrader logs when the kernel could not be started (a port taken meanwhile, a slow start).
+KERNEL_START_FAILURES = ("Kernel didn't respond", "Kernel died before replying to kernel_info",
+                         "Address already in use")
+# the last line of a traceback, as nbgrader logs it (indented): "    nbclient.exceptions.DeadKernelError: Kernel died"
+_EXCEPTION_LINE = re.compile(r"^[ \t]*(?:\w+\.)*(\w+(?:Error|Exception)): ?(.*)$", re.M)
+
+
+def _run_problem(returncode: int, graded: Path, answers: Path, log: str, out_of_memory: bool,
+                 out_of_processes: bool, memory_bytes: int) -> str:
+    """What stopped or troubled one autograde run, in a line for ``status``; '' when nothing did.
+
+    The signals, most trusted first: the control group's counters (kept by Linux, outside the
+    sandbox); nbgrader's return code and whether it kept the executed notebook
+    (it removes it when a run fails); the error outputs it wrote into that notebook; the answers
+    recorded.  nbgrader's log, which mixes nbgrader's messages with whatever the learner's processes
+    write to the terminal, is read last, and only to name the exception of a run that failed.
+    """
+    failed = returncode != 0 or not graded.exists()
+    if failed and out_of_memory:
         return (f"the submission reached its memory limit ({memory_bytes / 2**30:g} GiB for all its processes "
                 "together) and was stopped (the answers recorded before that count)")
-    if stopped and out_of_processes:
+    if failed and out_of_processes:
         return (f"the submission reached its limit of {MAX_PROCESSES} processes and threads and was stopped (the "
                 "answers recorded before that count)")
-    if "Address already in use" in output or "Kernel didn't respond" in output:
-        return "the kernel could not start"
-    if "DeadKernel" in output or "Kernel died" in output:
-        return "the kernel stopped during execution (the answers recorded before it stopped count)"
-    if "became unresponsive" in output:
-        return "the kernel stopped responding and could not be interrupted"
-    if process.returncode != 0:
-        last = [line for line in output.splitlines() if line.strip() and "see the the above" not in line][-1:]
-        return f"autograding failed: {(last or ['no output'])[0][:200]}"
-    if "CellTimeoutError" in output or "Timeout" in output or "timed out" in output.lower():
-        return "a cell exceeded the cell time limit"
-    return ""
+    if failed:
+        exceptions = _EXCEPTION_LINE.findall(log)
+        name, message = exceptions[-1] if exceptions else ("", "")
+        if name == "DeadKernelError":
+            return "the kernel stopped during execution (the answers recorded before it stopped count)"
+        # a kernel that recorded an answer did start: running the learner's code again would be wrong
+        recorded = answers.is_dir() and any(answers.iterdir())
+        if not recorded and any(text in message for text in KERNEL_START_FAILURES):
+            return "the kernel could not start"
+        if name:
+            return f"autograding failed: {name}: {message}"[:200]
+        return f"autograding failed (nbgrader exited with status {returncode} and kept no executed notebook)"
+    try:
+        timed_out = _timed_out_cells(graded)
+    except Exception as error:  # nbgrader wrote it, but the learner's code could write there too
+        return f"the executed notebook could not be read ({type(error).__name__})"
+    return "a cell exceeded the cell time limit" if timed_out else ""
+
+
+def _timed_out_cells(graded: Path) -> int:
+    """How many cells of the executed notebook nbgrader interrupted at the cell time limit."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        notebook = nbformat.read(graded, as_version=4)
+    return sum(output.get("output_type") == "error" and output.get("ename") == CELL_TIMEOUT_ERROR
+               for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", []))
 
 
 def _write_config(course: Path, cell_timeout: float) -> None:
@@ -401,6 +440,8 @@ def _write_config(course: Path, cell_timeout: float) -> None:
         "c.CourseDirectory.course_id = 'icl-course'\n"
         f"c.Execute.timeout = {int(cell_timeout)}\n"
         "c.Execute.interrupt_on_timeout = True\n"
+        f"c.Execute.error_on_timeout = {{'ename': {CELL_TIMEOUT_ERROR!r}, 'evalue': 'the cell time limit', "
+        f"'traceback': ['{CELL_TIMEOUT_ERROR}: the cell ran past the cell time limit ({int(cell_timeout)} s)']}}\n"
         "c.OverwriteCells.add_missing_cells = True\n"
     )
 
@@ -601,7 +642,7 @@ def _newest_per_student(recognised: list) -> list:
 
 def _score(submission: Submission, key: AnswerKey, answers: Path, seed: int, course: Path) -> None:
     """Points per task from the recorded outputs, verified here, outside the student's kernel."""
-    verdicts = checks.verify_recorded([name for task in key.tasks.values() for name in task.checks], answers, seed)
+    verdicts = protocol.verify_recorded([name for task in key.tasks.values() for name in task.checks], answers, seed)
     kernel_scores = _kernel_scores(course, submission) if any(not task.checks for task in key.tasks.values()) else {}
     for number, task in sorted(key.tasks.items()):
         if task.checks:
@@ -633,7 +674,7 @@ def _giveaways(notebook, key: AnswerKey) -> dict:
         grade_id = _nbgrader_metadata(cell).get("grade_id", "")
         match = re.fullmatch(r"task(\d+)_answer", grade_id)
         if match and int(match.group(1)) in key.tasks:
-            names = checks.giveaways_used(cell.source, key.tasks[int(match.group(1))].giveaways)
+            names = protocol.giveaways_used(cell.source, key.tasks[int(match.group(1))].giveaways)
             if names:
                 used[int(match.group(1))] = names
     return used

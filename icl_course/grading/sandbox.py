@@ -231,7 +231,10 @@ def sandboxed(command: list[str], writable: Path | None, hidden: tuple = (), pro
             arguments += ["--tmpfs", str(writable / folder)]
         arguments += ["--chdir", str(writable)]
     home = {"HOME": "/tmp/home", "JUPYTER_RUNTIME_DIR": "/tmp/runtime", "IPYTHONDIR": "/tmp/ipython",
-            "MPLCONFIGDIR": "/tmp/matplotlib", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
+            "MPLCONFIGDIR": "/tmp/matplotlib", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+            # the kernel imports the icl_course mounted above, the grader's own, rather than whatever an
+            # editable install's finder points at (another checkout, which is not mounted)
+            "PYTHONPATH": str(_package_folder().parent)}
     for name, value in {**home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(environment or {})}.items():
         arguments += ["--setenv", name, value]
     return arguments + ["--", *command]

@@ -1,4 +1,4 @@
-"""Trusted checks of exercise 5 (Memformers; Dutta et al. 2024), built on :mod:`icl_course.checks`.
+"""The graded checks of chapter 5, Memformers implement conjugate gradient (Dutta et al. 2024).
 
 * ``cg_iterates``: conjugate gradient on a batch of tasks, every iterate;
 * ``memformer_layer``: one CGD-like Memformer layer in Ahn et al.'s matrix form, with its register;
@@ -11,21 +11,12 @@ import random
 
 import torch
 
-from .checks import Case, Check, CheckFailed, describe, expect_tensor, generator_from, normal
-from .memformer import Memformer
-from .optimizers import conjugate_gradient, momentum_descent
+from ..data import TaskBatch
+from ..memformer import Memformer
+from ..optimizers import conjugate_gradient, momentum_descent
+from .protocol import FLOAT64, Case, Check, close, describe, expect_tensor, fail, generator_from, normal
 
 __all__ = ["chapter_5_checks", "reference_memformer_layer"]
-
-FLOAT64 = dict(dtype=torch.float64, device="cpu")
-
-
-def _fail(message: str):
-    raise CheckFailed(message)
-
-
-def _close(got: torch.Tensor, expected: torch.Tensor, tolerance: float) -> bool:
-    return bool((got - expected).abs().max() <= tolerance * (1 + expected.abs().max()))
 
 
 # -- task 1: CG on a batch ---------------------------------------------------------------------
@@ -41,13 +32,13 @@ def _verify_cg(case: Case, output) -> None:
     B, n, d = X.shape
     iterates = expect_tensor(output, (B, num_steps + 1, d), "cg_iterates (w_0 = 0 first)")
     expected = conjugate_gradient(X, y, num_steps)
-    if not _close(iterates[:, 0], expected[:, 0], 1e-12):
-        _fail("start from w_0 = 0 and put it first")
-    if num_steps >= 1 and not _close(iterates[:, 1], expected[:, 1], 1e-8):
-        _fail(f"for {case.label}: the first step is wrong; it is exact line search along -grad R(0) = X^T y / n")
-    if not _close(iterates, expected, 1e-7):
-        _fail(f"for {case.label}: the iterates differ from conjugate gradient on Sigma w = alpha "
-              "(Sigma = X^T X / n, alpha = X^T y / n), each task with its own coefficients")
+    if not close(iterates[:, 0], expected[:, 0], 1e-12):
+        fail("start from w_0 = 0 and put it first")
+    if num_steps >= 1 and not close(iterates[:, 1], expected[:, 1], 1e-8):
+        fail(f"for {case.label}: the first step is wrong; it is exact line search along -grad R(0) = X^T y / n")
+    if not close(iterates, expected, 1e-7):
+        fail(f"for {case.label}: the iterates differ from conjugate gradient on Sigma w = alpha "
+             "(Sigma = X^T X / n, alpha = X^T y / n), each task with its own coefficients")
 
 
 # -- task 2: one Memformer layer with its register ---------------------------------------------
@@ -83,18 +74,18 @@ def _layer_case(B: int, n: int, d: int, generator: torch.Generator, fresh: bool)
 def _verify_layer(case: Case, output) -> None:
     Z = case.arguments["Z"]
     if not isinstance(output, (tuple, list)) or len(output) != 2:
-        _fail(f"memformer_layer must return (new Z, new register), got {describe(output)}")
+        fail(f"memformer_layer must return (new Z, new register), got {describe(output)}")
     new_Z, new_register = (expect_tensor(value, Z.shape, name)
                            for value, name in zip(output, ("new Z", "new register")))
     expected_Z, expected_register = reference_memformer_layer(**case.arguments)
-    if not _close(new_register, expected_register, 1e-9):
+    if not close(new_register, expected_register, 1e-9):
         plain = reference_memformer_layer(**{**case.arguments, "gamma": 0.0})[1]
-        if _close(new_register, plain, 1e-9):
-            _fail(f"for {case.label}: the new register forgets the old one (add gamma * register)")
-        _fail(f"for {case.label}: the new register must be Attn(Z) + gamma * register, with "
-              "Attn(Z) = P Z M Z^T Q Z / n (the mask keeps the query column out of Z M Z^T)")
-    if not _close(new_Z, expected_Z, 1e-9):
-        _fail(f"for {case.label}: the new Z must be Z + alpha * (the new register)")
+        if close(new_register, plain, 1e-9):
+            fail(f"for {case.label}: the new register forgets the old one (add gamma * register)")
+        fail(f"for {case.label}: the new register must be Attn(Z) + gamma * register, with "
+             "Attn(Z) = P Z M Z^T Q Z / n (the mask keeps the query column out of Z M Z^T)")
+    if not close(new_Z, expected_Z, 1e-9):
+        fail(f"for {case.label}: the new Z must be Z + alpha * (the new register)")
 
 
 # -- task 3: momentum as a Memformer -----------------------------------------------------------
@@ -102,22 +93,20 @@ def _verify_layer(case: Case, output) -> None:
 def _verify_momentum(case: Case, output) -> None:
     eta, mu, num_layers = (case.arguments[key] for key in ("eta", "mu", "num_layers"))
     if not isinstance(output, (tuple, list)) or len(output) != 2:
-        _fail(f"momentum_alpha_gamma must return (alpha, gamma), got {describe(output)}")
+        fail(f"momentum_alpha_gamma must return (alpha, gamma), got {describe(output)}")
     alpha, gamma = (expect_tensor(value, (num_layers,), name) for value, name in zip(output, ("alpha", "gamma")))
     batch = case.context["batch"]
     model = Memformer(batch.d, batch.n, num_layers, attention="identity", memory="cgd", dtype=torch.float64)
     got = model(batch, alpha=alpha, gamma=gamma).layer_weights
     expected = momentum_descent(batch.X, batch.y, eta, mu, num_layers)[:, 1:]
-    if not _close(got[:, 0], expected[:, 0], 1e-6):  # 1e-6: float32 answers pass
-        _fail(f"for {case.label}: the first layer must be one GD step of size eta (alpha_1 = eta)")
-    if not _close(got, expected, 1e-6):
-        _fail(f"for {case.label}: the layers do not follow w + eta(-grad) + mu (w - w_prev); "
-              "write w_{l+1} - w_l = alpha_l R_l and solve for gamma_l")
+    if not close(got[:, 0], expected[:, 0], 1e-6):  # 1e-6: float32 answers pass
+        fail(f"for {case.label}: the first layer must be one GD step of size eta (alpha_1 = eta)")
+    if not close(got, expected, 1e-6):
+        fail(f"for {case.label}: the layers do not follow w + eta(-grad) + mu (w - w_prev); "
+             "write w_{l+1} - w_l = alpha_l R_l and solve for gamma_l")
 
 
 def _momentum_case(eta: float, mu: float, num_layers: int, generator: torch.Generator) -> Case:
-    from .data import TaskBatch
-
     B, n, d = 4, 12, 3
     X = normal(generator, B, n, d)
     w = normal(generator, B, d)
@@ -128,7 +117,7 @@ def _momentum_case(eta: float, mu: float, num_layers: int, generator: torch.Gene
 
 
 def chapter_5_checks() -> list[Check]:
-    """The graded checks of exercise 5."""
+    """The graded checks of chapter 5, in task order."""
     def cg_draw(rng: random.Random):
         return [_cg_case(rng.randint(1, 4), rng.randint(6, 30), rng.randint(1, 6), rng.randint(0, 7),
                          generator_from(rng)) for _ in range(3)]

@@ -1,0 +1,401 @@
+"""The check protocol: how a learner's function is verified, in the kernel and by the grader.
+
+Every function a learner writes in ``exercises/`` has a :class:`Check`: example inputs (what the
+self-check shows), a way to draw fresh inputs from a seed (what grading uses), and ``verify``,
+which compares one output with the package's reference functions and says what is wrong.  Each
+chapter's checks are in its catalogue, :mod:`icl_course.grading.chapter1` and so on, and
+:mod:`icl_course.grading.registry` collects them by name.  The exercise notebooks reach this module
+through :mod:`icl_course.checks`:
+
+* ``checks.self_check("merged_form", merged_form)`` (visible): verifies the examples in the
+  learner's own kernel, so that the learner sees at once what is wrong;
+* ``checks.hint("merged_form")`` opens the task's next hint, and ``checks.progress(1)`` shows which
+  of chapter 1's tasks passed their self-check in this kernel;
+* ``checks.record("merged_form", merged_form)`` (in the hidden tests).  Under grading,
+  :mod:`icl_course.grading.grade` puts ``ICL_COURSE_ANSWERS`` (a folder) and ``ICL_COURSE_SEED`` in the
+  kernel's environment, and ``record`` only calls the function on inputs drawn from that seed and
+  saves the outputs there.  Elsewhere (the answer keys under nbval) it verifies them on the spot.
+
+The grader then, in its own process and after the kernel has exited, draws the same inputs from
+the same seed, loads the outputs with ``torch.load(weights_only=True)`` (tensors, numbers and
+tuples; no code runs) and calls :func:`verify_recorded`.  A learner's code can change anything in
+its own kernel, this module's copy included, but not what the grader's process computes: points
+depend only on whether the outputs have the graded properties.
+
+A catalogue builds its checks from the helpers below (``fail``, ``expect_tensor``, ``expect_number``,
+``expect_pair``, ``describe``, ``close``, ``plural``, ``generator_from``, ``normal``), all public.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import math
+import numbers
+import os
+import random
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..hints import HINTS
+
+__all__ = ["Case", "Check", "CheckFailed", "SelfCheckFailed", "self_check", "record", "verify_recorded",
+           "recorded_names", "giveaways_used", "hint", "progress", "Progress", "find", "portable",
+           "ANSWERS_VARIABLE", "SEED_VARIABLE", "FLOAT64", "fail", "expect_tensor", "expect_number", "expect_pair",
+           "describe", "close", "plural", "generator_from", "normal"]
+
+ANSWERS_VARIABLE = "ICL_COURSE_ANSWERS"
+SEED_VARIABLE = "ICL_COURSE_SEED"
+LOCAL_SEED = 0            # the grading inputs that the answer keys verify under nbval
+MAX_RECORD_BYTES = 32 * 2**20
+FLOAT64 = dict(dtype=torch.float64, device="cpu")
+
+
+class CheckFailed(AssertionError):
+    """An output does not have the graded property; the message says which and why."""
+
+
+class SelfCheckFailed(AssertionError):
+    """What a learner sees when a self-check fails: the message alone, without a traceback.
+
+    IPython shows the lines of ``_render_traceback_`` instead of the traceback when an exception
+    has that method; the frames inside this module would only hide the message.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[1;31mSelf-check failed\x1b[0m: {self}"]
+
+
+@dataclass
+class Case:
+    """One call of a learner's function: its keyword ``arguments`` and what ``verify`` needs besides."""
+
+    arguments: dict
+    context: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """The case for a message: its numbers and its tensors' shapes, ``B=2, n=5, tokens of shape (2, 6, 3)``."""
+        shown = {key: value for key, value in self.arguments.items() if isinstance(value, (int, float))}
+        shapes = {key: tuple(value.shape) for key, value in self.arguments.items() if isinstance(value, torch.Tensor)}
+        parts = [f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}" for key, value in shown.items()]
+        parts += [f"{key} of shape {shape}" for key, shape in shapes.items()]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Check:
+    """The graded property of one exercise function.
+
+    ``examples()`` gives the self-check's cases; ``draw(rng)`` gives fresh cases from a
+    ``random.Random``; ``verify(case, output)`` raises :class:`CheckFailed` when the output is wrong.
+    ``giveaways`` are package names whose use in the answer cell the grader reports.
+    """
+
+    chapter: int
+    task: int
+    name: str
+    examples: Callable[[], list]
+    draw: Callable[[random.Random], list]
+    verify: Callable[[Case, Any], None]
+    giveaways: tuple = ()
+
+    def grading_cases(self, seed: int) -> list[Case]:
+        """The examples, then fresh cases drawn from ``seed`` (the same on every machine)."""
+        return self.examples() + self.draw(random.Random(f"{self.name}:{int(seed)}"))
+
+
+# -- helpers for verify ------------------------------------------------------------------------
+
+def fail(message: str):
+    """Raise :class:`CheckFailed` with ``message`` (what is wrong, for the learner)."""
+    raise CheckFailed(message)
+
+
+def expect_tensor(value, shape: tuple, what: str) -> torch.Tensor:
+    """``value`` as float64 when it is a finite floating-point tensor of ``shape``; otherwise fail saying why."""
+    if not isinstance(value, torch.Tensor):
+        fail(f"{what} must be a torch tensor, got {describe(value)}")
+    if tuple(value.shape) != tuple(shape):
+        fail(f"{what} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+    if not value.is_floating_point():
+        fail(f"{what} must be a floating-point tensor, got {value.dtype}")
+    if not torch.isfinite(value).all():
+        fail(f"{what} contains NaN or infinite values")
+    return value.to(torch.float64)
+
+
+def expect_number(value, what: str, integer: bool = False) -> float:
+    """``value`` as a float when it is a finite Python number (an ``int`` with ``integer``); otherwise fail."""
+    allowed = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, allowed):
+        fail(f"{what} must be a Python {'int' if integer else 'float'}, got {describe(value)}"
+              + (" (use .item())" if isinstance(value, torch.Tensor) else ""))
+    if not math.isfinite(value):
+        fail(f"{what} is {value}")
+    return float(value)
+
+
+def expect_pair(value, what: str) -> tuple:
+    """``value`` as a tuple when it is a pair; otherwise fail."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        fail(f"{what} must return a pair, got {describe(value)}")
+    return tuple(value)
+
+
+def plural(count: int, noun: str) -> str:
+    """``"1 layer"``, ``"3 layers"``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def describe(value) -> str:
+    """What ``value`` is, for a message: ``a tensor of shape (3, 4)``, ``a tuple of length 3``, ``a float``."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of length {len(value)}"
+    if isinstance(value, str) and value.startswith("<"):
+        return value.strip("<>")
+    return f"a {type(value).__name__}"
+
+
+def close(got: torch.Tensor, expected: torch.Tensor, tolerance: float = 1e-7) -> bool:
+    """Whether ``got`` is within ``tolerance`` of ``expected``, relative to ``expected``'s largest entry."""
+    return bool((got - expected).abs().max() <= tolerance * (1 + expected.abs().max()))
+
+
+def generator_from(rng: random.Random) -> torch.Generator:
+    """A CPU torch generator seeded from ``rng``: a case drawn from a seed is the same on every machine."""
+    return torch.Generator().manual_seed(rng.getrandbits(62))
+
+
+def normal(generator: torch.Generator, *shape) -> torch.Tensor:
+    """Standard normal float64 CPU entries of ``shape``, drawn from ``generator``."""
+    return torch.randn(*shape, generator=generator, **FLOAT64)
+
+
+# -- the three places a check runs ------------------------------------------------------------
+
+def registered() -> dict[str, Check]:
+    """Every check of the course by name (:data:`icl_course.grading.registry.CHECKS`)."""
+    from .registry import CHECKS  # imported here: the catalogues that the registry loads import this module
+    return CHECKS
+
+
+def find(name: str) -> Check:
+    """The check called ``name``; a ``KeyError`` that lists the names when there is none."""
+    checks = registered()
+    if name not in checks:
+        raise KeyError(f"no check named {name!r}; the checks are {sorted(checks)}")
+    return checks[name]
+
+
+def portable(value, depth: int = 0):
+    """``value`` as plain tensors, numbers and tuples, which ``torch.load(weights_only=True)`` reads."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu").as_subclass(torch.Tensor).clone()
+    if isinstance(value, (bool, str)) or value is None:
+        return value if not isinstance(value, str) else value[:200]
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (tuple, list)) and depth < 2 and len(value) <= 16:
+        return tuple(portable(item, depth + 1) for item in value)
+    if type(value).__module__ == "numpy" and hasattr(value, "shape"):
+        return torch.as_tensor(value.copy())
+    return f"<an object of type {type(value).__name__}>"
+
+
+def self_check(name: str, function: Callable) -> None:
+    """Verify ``function`` on the examples of the check ``name`` and on cases drawn with a local seed.
+
+    Raises :class:`SelfCheckFailed` (an ``AssertionError``) saying what is wrong; prints
+    ``name: passed`` otherwise.  The drawn cases come from a seed of their own, never from the
+    grading seed, which only the instructor's grading run knows.
+    """
+    check = find(name)
+    cases = check.examples() + check.draw(random.Random(f"{name}:self-check"))
+    _OUTCOMES[name] = "failed: the function raised an error"   # until every case has passed
+    for case in cases:
+        output = portable(function(**copy.deepcopy(case.arguments)))
+        try:
+            check.verify(case, output)
+        except CheckFailed as failure:
+            _OUTCOMES[name] = f"failed: {str(failure).splitlines()[0][:160]}"
+            stuck = f" (stuck? checks.hint({name!r}) opens a hint)" if name in HINTS else ""
+            raise SelfCheckFailed(f"{name}: {failure}{stuck}") from None
+    _OUTCOMES[name] = "passed"
+    print(f"{name}: passed ({len(cases)} cases)")
+
+
+# what the self-checks of this kernel found, and how many hints each task has opened
+_OUTCOMES: dict[str, str] = {}
+_HINTS_SHOWN: dict[str, int] = {}
+
+
+def hint(name: str) -> None:
+    """Print the next hint of the task ``name`` (the first call the first hint, and so on).
+
+    The first hint points the way; the last one nearly gives the answer.  ``checks.hint(name)``
+    after the last one repeats it.
+    """
+    find(name)
+    hints = HINTS.get(name, ())
+    if not hints:
+        print(f"{name}: this task has no hints")
+        return
+    shown = min(_HINTS_SHOWN.get(name, 0) + 1, len(hints))
+    _HINTS_SHOWN[name] = shown
+    for number in range(1, shown + 1):
+        print(f"hint {number} of {len(hints)}: {hints[number - 1]}")
+    if shown < len(hints):
+        print(f"(call checks.hint({name!r}) again for the next)")
+
+
+@dataclass
+class Progress:
+    """A chapter's tasks and what their self-checks found in this kernel (a table in Jupyter)."""
+
+    chapter: int
+    rows: list  # (task, name, status, hints opened)
+
+    @property
+    def passed(self) -> int:
+        """How many of the chapter's tasks passed their self-check in this kernel."""
+        return sum(status == "passed" for _, _, status, _ in self.rows)
+
+    def __str__(self) -> str:
+        lines = [f"chapter {self.chapter}: {self.passed} of {len(self.rows)} tasks passed their self-check"]
+        lines += [f"  task {task}  {name:28s} {status}" + (f"  ({hints} hints)" if hints else "")
+                  for task, name, status, hints in self.rows]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        from html import escape
+        cells = "".join(
+            f"<tr><td>{task}</td><td><code>{escape(name)}</code></td><td>{'&#10004; ' if status == 'passed' else ''}"
+            f"{escape(status)}</td><td>{hints or ''}</td></tr>" for task, name, status, hints in self.rows)
+        return (f"<p>Chapter {self.chapter}: {self.passed} of {len(self.rows)} tasks passed their self-check "
+                f"in this kernel.</p><table><thead><tr><th>task</th><th>function</th><th>self-check</th>"
+                f"<th>hints opened</th></tr></thead><tbody>{cells}</tbody></table>")
+
+
+def progress(chapter: int) -> Progress:
+    """The tasks of ``chapter`` with what their self-checks found in this kernel: passed, failed (and
+    why, in a line), or not run yet.  Grading decides the points on its own; this is for the learner."""
+    tasks = sorted((check.task, check.name) for check in registered().values() if check.chapter == chapter)
+    if not tasks:
+        chapters = sorted({check.chapter for check in registered().values()})
+        raise ValueError(f"no graded tasks in chapter {chapter!r}; the chapters with tasks are {chapters}")
+    return Progress(chapter, [(task, name, _OUTCOMES.get(name, "not run yet"), _HINTS_SHOWN.get(name, 0))
+                              for task, name in tasks])
+
+
+def record(name: str, function: Callable) -> None:
+    """Hidden tests: save ``function``'s outputs for grading, or verify them outside grading (see module doc)."""
+    check = find(name)
+    directory = os.environ.get(ANSWERS_VARIABLE)
+    cases = check.grading_cases(int(os.environ.get(SEED_VARIABLE, LOCAL_SEED)))
+    if not directory:
+        for case in cases:
+            check.verify(case, portable(function(**copy.deepcopy(case.arguments))))
+        return
+    entries = []
+    for case in cases:
+        try:
+            entries.append(("output", portable(function(**copy.deepcopy(case.arguments)))))
+        except Exception as error:  # the grader reports it; the other cases still count as failed
+            entries.append(("error", f"{type(error).__name__}: {error}"[:300]))
+    torch.save(entries, Path(directory) / f"{name}.pt")
+
+
+def _load_record(path: Path) -> list:
+    if not path.exists():
+        fail("no outputs were recorded (the grading cell did not run: did the notebook stop early?)")
+    if path.stat().st_size > MAX_RECORD_BYTES:
+        fail(f"the recorded outputs take {path.stat().st_size / 2**20:.0f} MiB, more than any answer needs")
+    if zipfile.is_zipfile(path):  # torch.save writes an uncompressed zip: anything else may be a zip bomb
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+        unpacked = sum(entry.file_size for entry in entries)
+        if unpacked > MAX_RECORD_BYTES or any(entry.compress_type != zipfile.ZIP_STORED for entry in entries):
+            fail(f"the recorded outputs would unpack to {unpacked / 2**20:.0f} MiB or are compressed, "
+                  "which checks.record never writes")
+    try:
+        entries = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # anything but plain tensors and numbers is refused, never executed
+        fail(f"the recorded outputs could not be read safely ({type(error).__name__})")
+    if not isinstance(entries, (list, tuple)) or not all(
+            isinstance(entry, tuple) and len(entry) == 2 and entry[0] in ("output", "error") for entry in entries):
+        fail("the recorded outputs are not in the format that checks.record writes")
+    return list(entries)
+
+
+def verify_recorded(names: list[str], directory: Path, seed: int) -> dict[str, str]:
+    """Verify the outputs that :func:`record` saved in ``directory`` for every check in ``names``.
+
+    Runs in the grader's process.  Returns ``{name: ""}`` for a check that passed on every case,
+    otherwise ``{name: what went wrong}``; nothing the recorded file holds is ever executed.
+    """
+    verdicts = {}
+    for name in names:
+        check = find(name)
+        try:
+            entries = _load_record(Path(directory) / f"{name}.pt")
+            cases = check.grading_cases(seed)
+            if len(entries) != len(cases):
+                fail(f"{len(entries)} outputs were recorded for {len(cases)} grading inputs")
+            for case, (kind, value) in zip(cases, entries):
+                if kind == "error":
+                    fail(f"{name}({case.label}) raised {value}")
+                try:
+                    check.verify(case, value)
+                except CheckFailed:
+                    raise
+                except Exception as error:  # an output of an unexpected type or shape
+                    fail(f"the output for {case.label} could not be checked ({type(error).__name__}: {error})")
+            verdicts[name] = ""
+        except CheckFailed as failure:
+            verdicts[name] = f"{name}: {failure}"
+    return verdicts
+
+
+_RECORD_CALL = re.compile(r"""checks\.record\(\s*["'](\w+)["']""")
+
+
+def recorded_names(source: str) -> list[str]:
+    """The check names that a hidden-test cell's ``checks.record("name", ...)`` calls grade."""
+    return _RECORD_CALL.findall(source)
+
+
+def giveaways_used(source: str, names: tuple) -> list[str]:
+    """Which of ``names`` (package reference functions) an answer cell's code mentions.
+
+    Looks at every identifier, attribute and imported name, leaving out the functions the cell
+    defines itself.  A heuristic for the instructor, not a proof: code can always hide a name.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return sorted(name for name in names if re.search(rf"\b{re.escape(name)}\b", source))
+    seen, defined = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            seen.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            seen.add(node.attr)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                seen.update(alias.name.split("."))
+            seen.update((getattr(node, "module", None) or "").split("."))
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+    return sorted((seen - defined) & set(names))
