@@ -9,6 +9,27 @@ sys.path.insert(0, str(Path(__file__).parent))  # for tests/reference.py
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def answer_key_functions(paths) -> dict:
+    """The functions of the answer keys at ``paths``, defined by running their import and answer cells."""
+    import nbformat
+
+    namespace = {}
+    for path in paths:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.metadata["nbgrader"].get("solution") or cell.source.startswith("import torch"):
+                exec(cell.source, namespace)
+    return namespace
+
+
+def verify_on_grading_inputs(name: str, function, seed: int) -> None:
+    """Run ``function`` on the check's examples and on fresh cases drawn from ``seed``; raise if one is wrong."""
+    from icl_course import checks
+
+    check = checks.CHECKS[name]
+    for case in check.grading_cases(seed):
+        check.verify(case, checks.portable(function(**case.arguments)))
+
+
 @pytest.fixture
 def float64_tasks():
     """A small float64 sampler on the CPU: the setting of every identity test."""

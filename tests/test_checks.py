@@ -9,7 +9,7 @@ from dataclasses import replace
 import nbformat
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, answer_key_functions, verify_on_grading_inputs
 
 from icl_course import checks, theory
 from icl_course.grading import protocol
@@ -17,19 +17,11 @@ from icl_course.grading import protocol
 
 @pytest.fixture(scope="module")
 def answers():
-    """The functions of both answer keys, defined by running their import and answer cells."""
-    namespace = {}
-    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
-        for cell in nbformat.read(path, as_version=4).cells:
-            if cell.metadata["nbgrader"].get("solution") or cell.source.startswith("import torch"):
-                exec(cell.source, namespace)
-    return namespace
+    """The functions of every answer key."""
+    return answer_key_functions(sorted((ROOT / "solutions").glob("*.ipynb")))
 
 
-def run(name, function, seed):
-    check = checks.CHECKS[name]
-    for case in check.grading_cases(seed):
-        check.verify(case, checks.portable(function(**case.arguments)))
+run = verify_on_grading_inputs
 
 
 def test_every_exercise_function_has_a_check(answers):

@@ -3,10 +3,9 @@ the package's own references, and name the typical mistakes."""
 
 import math
 
-import nbformat
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, answer_key_functions, verify_on_grading_inputs
 
 from icl_course import checks
 from icl_course.baselines import BayesOptimal, least_squares, noise_variance_estimate
@@ -23,18 +22,11 @@ FLOAT64 = dict(dtype=torch.float64)
 
 @pytest.fixture(scope="module")
 def answers():
-    """The answer key's functions, defined by running its import and answer cells."""
-    namespace = {}
-    for cell in nbformat.read(SOLUTION, as_version=4).cells:
-        if cell.metadata["nbgrader"].get("solution") or cell.source.startswith("import torch"):
-            exec(cell.source, namespace)
-    return namespace
+    """The answer key's functions."""
+    return answer_key_functions([SOLUTION])
 
 
-def run(name, function, seed):
-    check = checks.CHECKS[name]
-    for case in check.grading_cases(seed):
-        check.verify(case, checks.portable(function(**case.arguments)))
+run = verify_on_grading_inputs
 
 
 def test_the_chapter_is_registered_with_hints_for_every_task():
