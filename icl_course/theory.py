@@ -21,7 +21,20 @@ __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditio
            "two_noise_construction", "adaptive_step_size", "best_linear_cosine"]
 
 
-def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> float:
+
+def _second_moment(noise: NoiseLike, second_moment: float | None) -> float:
+    """``E[sigma^2]`` from a noise law or given directly (never both: which would win is a guess)."""
+    if second_moment is None:
+        return as_noise(noise).second_moment
+    if not (isinstance(noise, (int, float)) and noise == 0):
+        raise ValueError("give the noise law or its second_moment, not both")
+    if not isinstance(second_moment, (int, float)) or isinstance(second_moment, bool) or second_moment < 0:
+        raise ValueError(f"second_moment is E[sigma^2], a number >= 0; got {second_moment!r}")
+    return float(second_moment)
+
+
+def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0, *,
+                                 second_moment: float | None = None) -> float:
     """The best ``c`` in the one-layer prediction ``y_hat = c <alpha, x_t>``.
 
     For ``x ~ N(0, I_d)``, ``w ~ N(0, I_d)`` and noise with ``E[sigma^2] = s2`` the loss
@@ -31,21 +44,23 @@ def optimal_one_step_coefficient(d: int, n: int, noise: NoiseLike = 0.0) -> floa
         c* = 1 / (n + d + 1 + E[sigma^2]).
 
     In GD terms ``c = eta / n``: the noiseless optimum is ``eta* = n / (n + d + 1)``
-    (Mahankali, Hashimoto, Ma 2023; chapter 2).
+    (Mahankali, Hashimoto, Ma 2023; chapter 2).  ``noise`` is a sigma or a noise law; or pass
+    ``second_moment=E[sigma^2]`` directly.
     """
-    return 1.0 / (n + d + 1 + as_noise(noise).second_moment)
+    return 1.0 / (n + d + 1 + _second_moment(noise, second_moment))
 
 
-def one_step_loss(d: int, n: int, noise: NoiseLike = 0.0, coefficient: float | None = None) -> float:
+def one_step_loss(d: int, n: int, noise: NoiseLike = 0.0, coefficient: float | None = None, *,
+                  second_moment: float | None = None) -> float:
     """``1/2 E[(c <alpha, x_t> - y_t)^2]`` in closed form (``c`` defaults to the optimum).
 
     ``= d/2 * (1 - 2 c n + c^2 n (n + d + 1 + E[sigma^2]))``; at ``c*`` this is
     ``d/2 * (1 - n / (n + d + 1 + E[sigma^2]))``: the one-layer row of Table 1 before the
-    oracle's loss is subtracted.
+    oracle's loss is subtracted.  ``second_moment=E[sigma^2]`` may replace ``noise``.
     """
-    second_moment = as_noise(noise).second_moment
+    second_moment = _second_moment(noise, second_moment)
     if coefficient is None:
-        coefficient = optimal_one_step_coefficient(d, n, noise)
+        coefficient = optimal_one_step_coefficient(d, n, second_moment=second_moment)
     c = coefficient
     return 0.5 * d * (1 - 2 * c * n + c**2 * n * (n + d + 1 + second_moment))
 
@@ -57,7 +72,8 @@ def _covariance(covariance) -> torch.Tensor:
     return S
 
 
-def optimal_preconditioner(covariance, n: int, noise: NoiseLike = 0.0, weights: str = "identity") -> torch.Tensor:
+def optimal_preconditioner(covariance, n: int, noise: NoiseLike = 0.0, weights: str = "identity", *,
+                           second_moment: float | None = None) -> torch.Tensor:
     """The best ``B`` in ``y_hat = <B alpha, x_t>`` when ``x ~ N(0, S)`` (chapter 2).
 
     With ``W = X^T X`` Wishart, ``E[W M W] = n^2 S M S + n S M^T S + n tr(M S) S`` (Isserlis), and
@@ -68,11 +84,11 @@ def optimal_preconditioner(covariance, n: int, noise: NoiseLike = 0.0, weights: 
     * ``weights="identity"``, ``w ~ N(0, I)``: ``B* = ((n + 1) S + (tr S + s2) I)^-1``, which is *not*
       a multiple of ``S^-1`` unless ``S`` is.
 
-    Shapes: ``covariance`` (d, d) -> (d, d), float64.
+    ``second_moment=E[sigma^2]`` may replace ``noise``.  Shapes: ``covariance`` (d, d) -> (d, d), float64.
     """
     S = _covariance(covariance)
     d = S.shape[0]
-    second_moment = as_noise(noise).second_moment
+    second_moment = _second_moment(noise, second_moment)
     if weights == "inverse":
         return torch.linalg.inv(S) / (n + d + 1 + second_moment)
     if weights == "identity":
@@ -81,12 +97,12 @@ def optimal_preconditioner(covariance, n: int, noise: NoiseLike = 0.0, weights: 
 
 
 def preconditioned_one_step_loss(preconditioner, covariance, n: int, noise: NoiseLike = 0.0,
-                                 weights: str = "identity") -> float:
+                                 weights: str = "identity", *, second_moment: float | None = None) -> float:
     """``1/2 E[(<B alpha, x_t> - y_t)^2]`` in closed form for ``x ~ N(0, S)`` (see above).
 
     With ``C = E[w w^T]`` (``I`` or ``S^-1``) and ``M = B^T S B``:
     ``2 L = n^2 tr(S M S C) + n tr(S M S C) + n tr(M S) tr(S C) - 2 n tr(S B S C) + tr(S C) + s2 n tr(M S)``.
-    Shapes: ``preconditioner`` (d, d), ``covariance`` (d, d).
+    ``second_moment=E[sigma^2]`` may replace ``noise``.  Shapes: ``preconditioner`` (d, d), ``covariance`` (d, d).
     """
     S = _covariance(covariance)
     B = torch.as_tensor(preconditioner, dtype=torch.float64)
@@ -94,7 +110,7 @@ def preconditioned_one_step_loss(preconditioner, covariance, n: int, noise: Nois
         raise ValueError(f"weights must be 'identity' or 'inverse', got {weights!r}")
     C = torch.eye(S.shape[0], dtype=S.dtype) if weights == "identity" else torch.linalg.inv(S)
     M = B.T @ S @ B
-    second_moment = as_noise(noise).second_moment
+    second_moment = _second_moment(noise, second_moment)
     twice = ((n * n + n) * torch.trace(S @ M @ S @ C) + n * torch.trace(M @ S) * torch.trace(S @ C)
              - 2 * n * torch.trace(S @ B @ S @ C) + torch.trace(S @ C) + second_moment * n * torch.trace(M @ S))
     return 0.5 * float(twice)

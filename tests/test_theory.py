@@ -286,3 +286,18 @@ def test_a_w_xy_layer_then_a_w_yx_layer_steps_by_minus_w_yx_times_one_plus_w_xy_
     explained = ((batch.X @ least_squares(batch.X, batch.y).unsqueeze(-1)).squeeze(-1) ** 2).sum(-1)
     assert torch.allclose(exact - paper, -w_yx * w_xy * explained, rtol=1e-9)
     assert (exact > paper).all()      # here w_yx < 0 < w_xy: the paper's form understates the step
+
+
+def test_theory_takes_a_second_moment_directly():
+    from icl_course import UniformNoise
+    from icl_course.theory import one_step_loss, optimal_one_step_coefficient, optimal_preconditioner
+
+    prior = UniformNoise(3)
+    assert optimal_one_step_coefficient(10, 20, second_moment=3.0) == optimal_one_step_coefficient(10, 20, prior)
+    assert one_step_loss(10, 20, coefficient=0.02, second_moment=3.0) == one_step_loss(10, 20, prior, 0.02)
+    S = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    assert torch.equal(optimal_preconditioner(S, 20, second_moment=3.0), optimal_preconditioner(S, 20, prior))
+    with pytest.raises(ValueError, match="not both"):
+        one_step_loss(10, 20, noise=1.0, second_moment=1.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        optimal_one_step_coefficient(10, 20, second_moment=-1.0)

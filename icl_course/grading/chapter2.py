@@ -53,7 +53,7 @@ def _verify_fourth_moment_monte_carlo(case: Case, output) -> None:
 def _verify_optimal_coefficient(case: Case, output) -> None:
     d, n, second_moment = (case.arguments[key] for key in ("d", "n", "second_moment"))
     c = expect_number(output, "optimal_coefficient")
-    best = theory.optimal_one_step_coefficient(d, n, math.sqrt(second_moment))
+    best = theory.optimal_one_step_coefficient(d, n, second_moment=second_moment)
     if abs(c - best) <= 1e-9 * best:
         return
     if second_moment > 0 and abs(c - 1 / (n + d + 1)) <= 1e-9 * c:
@@ -71,7 +71,7 @@ def _verify_optimal_coefficient(case: Case, output) -> None:
 def _verify_one_step_loss(case: Case, output) -> None:
     d, n, second_moment, c = (case.arguments[key] for key in ("d", "n", "second_moment", "c"))
     value = expect_number(output, "one_step_loss")
-    expected = theory.one_step_loss(d, n, math.sqrt(second_moment), c)
+    expected = theory.one_step_loss(d, n, coefficient=c, second_moment=second_moment)
 
     def near(reference):
         return abs(value - reference) <= 1e-9 * (1 + abs(reference))
@@ -115,9 +115,9 @@ def _verify_optimal_preconditioner(case: Case, output) -> None:
     S, n, second_moment = (case.arguments[key] for key in ("S", "n", "second_moment"))
     d = S.shape[0]
     B = expect_tensor(output, (d, d), "B")
-    sigma = math.sqrt(second_moment)
-    best = theory.preconditioned_one_step_loss(theory.optimal_preconditioner(S, n, sigma), S, n, sigma)
-    loss = theory.preconditioned_one_step_loss(B, S, n, sigma)
+    best = theory.preconditioned_one_step_loss(theory.optimal_preconditioner(S, n, second_moment=second_moment), S, n,
+                                               second_moment=second_moment)
+    loss = theory.preconditioned_one_step_loss(B, S, n, second_moment=second_moment)
     # any multiple of S^-1 (B S = k I) is the shape of the answer for the other prior, w ~ N(0, S^-1)
     k = torch.trace(B @ S) / d
     if loss > best + 1e-9 * (1 + abs(best)) and close(B @ S, k * torch.eye(d, dtype=B.dtype)):
