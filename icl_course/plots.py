@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from .baselines import gradient_descent, least_squares, ridge
-from .data import RegressionTasks, TaskBatch
+from .data import FixedNoise, RegressionTasks, UniformNoise
 from .evaluate import Estimate, query_averaged_loss
 from .models import LinearTransformer, gd_construction
 
@@ -231,22 +231,6 @@ def show_gdpp_spectrum(kappa: float = 100.0, gamma_scale: float = 1.0, num_layer
     return figure
 
 
-def _fixed_tasks(d: int, n: int, num_tasks: int, seed: int) -> dict:
-    """One draw of ``X, w, x_t`` and unit noise, reused at every noise level (common random numbers)."""
-    generator = torch.Generator().manual_seed(seed)
-    X = torch.randn(num_tasks, n, d, generator=generator, dtype=torch.float64)
-    return dict(X=X, w=torch.randn(num_tasks, d, generator=generator, dtype=torch.float64),
-                x_t=torch.randn(num_tasks, d, generator=generator, dtype=torch.float64),
-                noise=torch.randn(num_tasks, n, generator=generator, dtype=torch.float64))
-
-
-def _at_noise(draw: dict, sigma) -> TaskBatch:
-    sigma = torch.as_tensor(sigma, dtype=torch.float64).expand(draw["X"].shape[0])
-    y = (draw["X"] @ draw["w"].unsqueeze(-1)).squeeze(-1) + sigma.unsqueeze(-1) * draw["noise"]
-    return TaskBatch(X=draw["X"], y=y, x_t=draw["x_t"], y_t=(draw["x_t"] * draw["w"]).sum(-1), w=draw["w"],
-                     sigma=sigma)
-
-
 def show_diag_profile(layer_1: Mapping[str, float], layer_2: Mapping[str, float], sigma_max: float = 5.0,
                       d: int = 10, n: int = 20, num_tasks: int = 1000, seed: int = 0):
     """A two-layer ``diag`` model given by its four weights per layer, across noise levels (chapter 4).
@@ -263,19 +247,20 @@ def show_diag_profile(layer_1: Mapping[str, float], layer_2: Mapping[str, float]
     from .models import diagonal_construction
 
     model = diagonal_construction(d, [dict(layer_1), dict(layer_2)])
-    draw = _fixed_tasks(d, n, num_tasks, seed)
+    # FixedNoise draws nothing from the generator, so one seed gives the same X, w, x_t and unit noise at
+    # every level: only sigma changes (common random numbers)
+    tasks = RegressionTasks(d, n, dtype=torch.float64, device="cpu")
     sigmas = torch.linspace(0, sigma_max + 1, 9, dtype=torch.float64).tolist()
     profile, model_steps, oracle_steps = [], [], []
     with torch.no_grad():
         for sigma in sigmas:
-            batch = _at_noise(draw, sigma)
+            batch = tasks.with_noise(FixedNoise(sigma)).sample(num_tasks, seed)
             weights, oracle = model(batch).weights, oracle_ridge(batch)
             profile.append(Estimate.from_samples(query_averaged_loss(weights, batch)
                                                  - query_averaged_loss(oracle, batch)))
             model_steps.append(float(effective_step(weights, batch).median()))
             oracle_steps.append(float(effective_step(oracle, batch).median()))
-        mixed = _at_noise(draw, torch.rand(num_tasks, generator=torch.Generator().manual_seed(seed + 1),
-                                           dtype=torch.float64) * sigma_max)
+        mixed = tasks.with_noise(UniformNoise(sigma_max)).sample(num_tasks, seed + 1)
         overall = Estimate.from_samples(query_averaged_loss(model(mixed).weights, mixed)
                                         - query_averaged_loss(oracle_ridge(mixed), mixed))
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.6))
