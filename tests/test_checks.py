@@ -346,3 +346,31 @@ def test_importing_checks_does_not_load_the_catalogues_so_a_catalogue_may_import
     assert result.returncode == 0, result.stderr
     with pytest.raises(AttributeError, match="has no attribute 'CHEKCS'"):
         checks.CHEKCS
+
+
+@pytest.fixture(scope="module")
+def specifications():
+    """The executable specifications that the exercise notebooks print beside their stubs."""
+    namespace = {"torch": torch}
+    for path in sorted((ROOT / "exercises").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.source.startswith("# specification, task"):
+                exec(cell.source, namespace)
+    return {name: value for name, value in namespace.items() if name.endswith("_spec")}
+
+
+@pytest.mark.parametrize("name", ["linear_attention", "diag_layer", "cg_iterates", "memformer_layer"])
+def test_specifications_beside_the_stubs_pass_the_trusted_checks(name, specifications):
+    run(name, specifications[name + "_spec"], seed=5)
+
+
+def test_four_matrix_head_specification_moves_tokens_as_the_merged_form(answers, specifications):
+    generator = torch.Generator().manual_seed(3)
+    D, k, v = 4, 3, 2
+    W_K, W_Q, W_V, W_P = (torch.randn(*shape, generator=generator, dtype=torch.float64)
+                          for shape in ((k, D), (k, D), (v, D), (D, v)))
+    tokens = torch.randn(2, 6, D, generator=generator, dtype=torch.float64)
+    merged = specifications["linear_attention_spec"](tokens, *answers["merged_form"](W_K, W_Q, W_V, W_P)) - tokens
+    moves = specifications["four_matrix_head_spec"](tokens, W_K, W_Q, W_V, W_P)
+    assert moves.abs().max() > 0.1 and torch.allclose(moves, merged, atol=1e-12)
+    assert len(specifications) == 5
