@@ -17,13 +17,11 @@ and seeds are the same.
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from icl_course.table1 import BUDGETS, COLUMNS, VARIANTS, D, N, _model_name, _prepare_out
+from icl_course.table1 import BUDGETS, COLUMNS, VARIANTS, merge_runs
 
 HALVES = {"a": COLUMNS[:5], "b": COLUMNS[5:]}
 
@@ -44,24 +42,6 @@ def train_in_parallel(budget: str, work: Path, device: str, time_limit: float) -
             process.wait()
 
 
-def merge(budget: str, work: Path, out: Path) -> tuple:
-    """Copy the models of every depth that all processes finished into ``out``; returns the depths."""
-    models = {path.name: path for path in work.glob("*-[ab]/models/*.pt")}
-    seeds = BUDGETS[budget].seeds
-    depths = []
-    for depth in BUDGETS[budget].depths:
-        if not all(f"{_model_name(v, depth, c, s)}.pt" in models for v in VARIANTS for c in COLUMNS for s in seeds):
-            break
-        depths.append(depth)
-    config = {"budget": replace(BUDGETS[budget], depths=tuple(depths)).as_dict(), "variants": list(VARIANTS),
-              "columns": list(COLUMNS), "d": D, "n": N}
-    _prepare_out(out, config)
-    for name, path in models.items():
-        if int(name.split("-L")[1].split("-")[0]) in depths:
-            shutil.copy2(path, out / "models" / name)
-    return tuple(depths)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", default="gpu", choices=list(BUDGETS))
@@ -72,7 +52,7 @@ def main() -> None:
     arguments = parser.parse_args()
     work, out = Path(arguments.work), Path(arguments.out)
     train_in_parallel(arguments.budget, work, arguments.device, arguments.time_limit)
-    depths = merge(arguments.budget, work, out)
+    depths = merge_runs(sorted(work.glob("*-[ab]")), out, arguments.budget)
     if not depths:
         sys.exit("no depth was finished by every process; run again to resume")
     subprocess.run([sys.executable, "-m", "icl_course", "table1", "--budget", arguments.budget, "--device",

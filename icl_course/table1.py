@@ -47,8 +47,8 @@ from .runtime import resolve_device
 from .sweep import ModelSpec, train_sweep
 
 __all__ = ["PAPER", "PAPER_BASELINES", "COLUMNS", "VARIANTS", "BUDGETS", "Budget", "Table1Error",
-           "column_noise", "run_table1", "load_results", "load_table1_model", "markdown_table", "plot_table1",
-           "main"]
+           "column_noise", "run_table1", "merge_runs", "load_results", "load_table1_model", "markdown_table",
+           "plot_table1", "main"]
 
 D, N = 10, 20
 
@@ -551,6 +551,38 @@ def _write_outputs(out: Path, budget: Budget, config: dict, rows: list[dict], in
 
 
 # ----------------------------------------------------------------------------- the command
+
+
+def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
+    """Gather the models that separate runs trained (each on some variants or columns) into ``out``.
+
+    ``folders`` are ``--out`` folders of ``icl-course table1`` runs of one ``budget``, for instance
+    one process per variant on one GPU (``benchmarks/table1_parallel.py``).  Every depth that those
+    runs finished for all variants, columns and seeds, from the shallowest on, is copied into ``out``,
+    whose ``config.json`` then names exactly those depths; scoring ``out`` with the ordinary command
+    and ``--depths`` of the returned tuple trains nothing and only tunes, selects and evaluates.
+    Returns the depths gathered (empty if not even 1 layer was finished everywhere).
+    """
+    if budget not in BUDGETS:
+        raise Table1Error(f"unknown budget {budget!r}; choose one of {', '.join(BUDGETS)}")
+    models = {path.name: path for folder in folders for path in Path(folder).glob("models/*.pt")}
+    chosen = BUDGETS[budget]
+    depths = []
+    for depth in chosen.depths:
+        names = [f"{_model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in chosen.seeds]
+        if not all(name in models for name in names):
+            break
+        depths.append(depth)
+    if not depths:
+        return ()
+    out = Path(out)
+    config = {"budget": replace(chosen, depths=tuple(depths)).as_dict(), "variants": list(VARIANTS),
+              "columns": list(COLUMNS), "d": D, "n": N}
+    _prepare_out(out, config)
+    for depth in depths:
+        for name in (f"{_model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in chosen.seeds):
+            shutil.copy2(models[name], out / "models" / name)
+    return tuple(depths)
 
 
 def run_table1(out, budget: str | Budget = "quick", device: str = "auto", variants: Optional[Sequence[str]] = None,

@@ -153,3 +153,28 @@ def test_the_table_writes_heavy_tailed_cells_in_one_short_word():
                status="finished")
     line = table1.markdown_table([row]).splitlines()[-1]
     assert "9.91e+43 ± 9.91e+43 (0.004)" in line and len(line) < 60
+
+
+def test_merge_runs_gathers_the_depths_every_run_finished(tmp_path):
+    from icl_course.table1 import BUDGETS, VARIANTS, merge_runs
+
+    budget = BUDGETS["quick"]
+    variants = list(VARIANTS)
+    folders = [tmp_path / "first", tmp_path / "second"]
+    for index, folder in enumerate(folders):          # each run trained half of the variants
+        (folder / "models").mkdir(parents=True)
+        for variant in variants[index::2]:
+            for depth in budget.depths:
+                for column in COLUMNS:
+                    if (depth, variant, column) == (3, variants[0], COLUMNS[-1]):
+                        continue                     # one model of depth 3 never finished
+                    name = table1._model_name(variant, depth, column, budget.seeds[0])
+                    (folder / "models" / f"{name}.pt").write_bytes(name.encode())
+    out = tmp_path / "merged"
+    assert merge_runs(folders, out, "quick") == (1, 2)
+    copied = sorted(path.name for path in (out / "models").iterdir())
+    assert len(copied) == len(variants) * 2 * len(COLUMNS) and not any("-L3-" in name for name in copied)
+    assert json.loads((out / "config.json").read_text())["budget"]["depths"] == [1, 2]
+    assert merge_runs([tmp_path / "nowhere"], tmp_path / "empty", "quick") == ()
+    with pytest.raises(Table1Error, match="unknown budget"):
+        merge_runs(folders, out, "huge")
