@@ -45,7 +45,7 @@ from .models import ModelOutput
 from .runtime import check_count, make_generator, resolve_device, resolve_dtype
 
 __all__ = ["ATTENTIONS", "MEMORIES", "Memformer", "cg_coefficients", "momentum_coefficients", "run_experiments",
-           "load_experiments", "load_model", "covariance", "show_coefficients", "coefficient_explorer"]
+           "load_experiments", "load_model", "eval_count", "covariance", "show_coefficients", "coefficient_explorer"]
 
 ATTENTIONS = ("identity", "gd", "full")
 MEMORIES = ("none", "cgd", "lfom")
@@ -283,9 +283,10 @@ MODELS = {  # name -> (attention, memory): the four trained families of chapter 
     "CGD-like + A_l": ("gd", "cgd"),
     "LFOM (tied gates)": ("gd", "lfom"),
 }
-RECIPE = {"d": 5, "n": 20, "depths": (6,), "rotations": (0, 1, 2, 3, 4), "isotropic_seeds": 2,
+RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4, 5, 6), "rotations": (0, 1, 2, 3, 4), "isotropic_seeds": 2,
           "num_steps": 300, "batch_size": 500, "learning_rate": 0.02, "clip_norm": 1.0,
-          "eval_tasks": 1_000_000, "head_counts": (1, 2, 4), "head_layers": 2, "head_steps": 400}
+          "eval_tasks": 1_000_000, "shallow_eval_tasks": 100_000,
+          "head_counts": (1, 2, 4), "head_layers": 2, "head_steps": 400}
 PRETRAINED = __import__("pathlib").Path(__file__).resolve().parent / "pretrained" / "ch5_memformers.pt"
 COMMAND = "python -m icl_course.memformer            # writes icl_course/pretrained/ch5_memformers.pt"
 
@@ -313,55 +314,86 @@ def build(name: str, num_layers: int, num_heads: int = 1, attention: Optional[st
                      memory, init_scale=0.01, seed=seed, device=device)
 
 
-def run_experiments(path=PRETRAINED, device="auto", settings=("S", "I"), heads=True) -> dict:
+def eval_count(depth: int) -> int:
+    """Fresh tasks that score a model of ``depth`` layers: 1 000 000 from 3 layers on (heavy tails), else 100 000."""
+    return RECIPE["eval_tasks"] if depth >= 3 else RECIPE["shallow_eval_tasks"]
+
+
+def _score(model: Memformer, tasks, num_tasks: int, seed: int) -> list[tuple[float, float]]:
+    from .evaluate import per_layer_loss
+
+    return [(e.mean, e.stderr) for e in per_layer_loss(model, tasks, num_tasks=num_tasks, seed=seed)]
+
+
+def _weights(model: Memformer) -> dict:
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def run_experiments(path=PRETRAINED, device="auto", settings=("S", "I"), heads=True, resume=True) -> dict:
     """Train every model of chapter 5 and score it on fresh tasks; save the weights and the scores.
 
-    For each data setting (``"S"``: the five rotations; ``"I"``: isotropic, five training seeds),
-    each family in ``MODELS`` and each depth: Adam on fresh batches, then per-layer losses on
-    ``eval_tasks`` fresh tasks (seeded apart from training).  Also the heads experiment.
+    For each data setting (``"S"``: the five rotations; ``"I"``: isotropic, two training seeds),
+    each family in ``MODELS`` and each depth in ``RECIPE["depths"]`` (every depth is a model of its
+    own): Adam on fresh batches, then per-layer losses on :func:`eval_count` fresh tasks (seeded
+    apart from training).  Also the heads experiment (2 layers, scored on 1 000 000 tasks: its
+    differences are small).  The file is rewritten after every model and,
+    with ``resume=True``, models already in it are kept, so an interrupted run goes on where it
+    stopped (every model has its own seeds, so the result does not depend on the interruption).
     """
+    import pathlib
+
     from .data import RegressionTasks
-    from .evaluate import per_layer_loss
     from .train import train
 
     device = resolve_device(device)
     r = RECIPE
+    path = pathlib.Path(path)
     results = {"recipe": dict(r), "command": COMMAND, "models": {}, "losses": {}, "heads": {}}
+    if resume and path.exists():
+        done = load_experiments(path)
+        if {k: v for k, v in done["recipe"].items() if k != "depths"} != {k: v for k, v in r.items() if k != "depths"}:
+            raise ValueError(f"{path} was made with another recipe; pass resume=False (or another path) to start over")
+        for part in ("models", "losses", "heads"):
+            results[part].update(done[part])
     for setting in settings:
         for rot in (r["rotations"] if setting == "S" else r["rotations"][:r["isotropic_seeds"]]):
             tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(rot if setting == "S" else None),
                                     device=device)
             for name in MODELS:
                 for depth in r["depths"]:
+                    key = str((setting, rot, name, depth))
+                    if key in results["losses"]:
+                        continue
                     model = build(name, depth, seed=rot, device=device)
                     train(model, tasks, r["num_steps"], batch_size=r["batch_size"], learning_rate=r["learning_rate"],
                           clip_norm=r["clip_norm"], seed=100 + rot, progress=False)
-                    key = (setting, rot, name, depth)
-                    results["models"][str(key)] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-                    estimates = per_layer_loss(model, tasks, num_tasks=r["eval_tasks"], seed=7_000 + rot)
-                    results["losses"][str(key)] = [(e.mean, e.stderr) for e in estimates]
-                    print(key, f"{estimates[-1].mean:.4g}", flush=True)
+                    results["models"][key] = _weights(model)
+                    results["losses"][key] = _score(model, tasks, eval_count(depth), seed=7_000 + rot)
+                    torch.save(results, path)
+                    print(key, f"{results['losses'][key][-1][0]:.4g}", flush=True)
     tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(0), device=device)
     for attention in ("gd", "full") if heads else ():
-        for heads in r["head_counts"]:
-            model = build("linear transformer", r["head_layers"], heads, attention, device=device)
+        for count in r["head_counts"]:
+            key = str((attention, count))
+            if key in results["heads"]:
+                continue
+            model = build("linear transformer", r["head_layers"], count, attention, device=device)
             train(model, tasks, r["head_steps"], batch_size=r["batch_size"], learning_rate=r["learning_rate"] / 2,
                   clip_norm=r["clip_norm"], seed=300, progress=False)
-            key = str((attention, heads))
-            results["models"]["heads " + key] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-            estimates = per_layer_loss(model, tasks, num_tasks=r["eval_tasks"], seed=7_000)
-            results["heads"][key] = [(e.mean, e.stderr) for e in estimates]
-            print(key, f"{estimates[-1].mean:.4g}", flush=True)
+            results["models"]["heads " + key] = _weights(model)
+            results["heads"][key] = _score(model, tasks, r["eval_tasks"], seed=7_000)
+            torch.save(results, path)
+            print(key, f"{results['heads'][key][-1][0]:.4g}", flush=True)
+    results["recipe"] = dict(r)
     torch.save(results, path)
     return results
 
 
 def rescore_experiments(path=PRETRAINED, device="auto") -> dict:
-    """Score the trained models of ``path`` again on ``RECIPE["eval_tasks"]`` fresh tasks (the same
-    seeds as :func:`run_experiments`), keeping their weights; rewrites the file.  Models of 3 layers
-    and more have heavy-tailed errors, so the course scores them on a million tasks."""
+    """Score the trained models of ``path`` again on :func:`eval_count` fresh tasks (the same seeds
+    as :func:`run_experiments`), keeping their weights; rewrites the file.  Models of 3 layers and
+    more have heavy-tailed errors, so the course scores them on a million tasks."""
     from .data import RegressionTasks
-    from .evaluate import per_layer_loss
 
     device = resolve_device(device)
     r = RECIPE
@@ -370,17 +402,15 @@ def rescore_experiments(path=PRETRAINED, device="auto") -> dict:
         setting, rot, name, depth = ast.literal_eval(key)   # keys are tuples written as text
         tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(rot if setting == "S" else None), device=device)
         model = load_model(results, setting, rot, name, depth).to(device)
-        estimates = per_layer_loss(model, tasks, num_tasks=r["eval_tasks"], seed=7_000 + rot)
-        results["losses"][key] = [(e.mean, e.stderr) for e in estimates]
-        print(key, f"{estimates[-1].mean:.4g} +- {estimates[-1].stderr:.2g}", flush=True)
+        results["losses"][key] = _score(model, tasks, eval_count(depth), seed=7_000 + rot)
+        print(key, f"{results['losses'][key][-1][0]:.4g} +- {results['losses'][key][-1][1]:.2g}", flush=True)
     tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(0), device=device)
     for key in list(results["heads"]):
         attention, heads = ast.literal_eval(key)
         model = build("linear transformer", r["head_layers"], heads, attention, device=device)
         model.load_state_dict(results["models"]["heads " + key])
-        estimates = per_layer_loss(model, tasks, num_tasks=r["eval_tasks"], seed=7_000)
-        results["heads"][key] = [(e.mean, e.stderr) for e in estimates]
-    results["recipe"] = dict(results["recipe"], eval_tasks=r["eval_tasks"])
+        results["heads"][key] = _score(model, tasks, r["eval_tasks"], seed=7_000)
+    results["recipe"] = dict(results["recipe"], eval_tasks=r["eval_tasks"], shallow_eval_tasks=r["shallow_eval_tasks"])
     torch.save(results, path)
     return results
 
@@ -464,8 +494,10 @@ if __name__ == "__main__":
     parser.add_argument("--settings", default="SI", help="S (rotated), I (isotropic) or both")
     parser.add_argument("--no-heads", action="store_true")
     parser.add_argument("--rescore", action="store_true", help="only score the models of --out again")
+    parser.add_argument("--restart", action="store_true", help="train every model again (default: keep those in --out)")
     arguments = parser.parse_args()
     if arguments.rescore:
         rescore_experiments(arguments.out)
     else:
-        run_experiments(arguments.out, settings=tuple(arguments.settings), heads=not arguments.no_heads)
+        run_experiments(arguments.out, settings=tuple(arguments.settings), heads=not arguments.no_heads,
+                        resume=not arguments.restart)

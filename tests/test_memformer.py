@@ -1,5 +1,7 @@
 """Memformers (Dutta et al. 2024) and the momentum baselines, in float64."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -137,3 +139,42 @@ def test_chapter_5_checks_accept_the_reference_and_reject_mistakes():
         with pytest.raises(checks.CheckFailed):
             for case in cases:
                 check.verify(case, checks.portable(wrong[check.name](**case.arguments)))
+
+
+def test_the_shipped_experiments_hold_every_model_at_every_depth_scored_on_enough_tasks():
+    from icl_course import memformer
+
+    results = memformer.load_experiments()
+    recipe = memformer.RECIPE
+    assert results["recipe"] == recipe and recipe["depths"] == (1, 2, 3, 4, 5, 6)
+    runs = [("S", rot) for rot in recipe["rotations"]] + [("I", rot) for rot in recipe["rotations"][:2]]
+    expected = {str((setting, rot, name, depth)) for setting, rot in runs for name in memformer.MODELS
+                for depth in recipe["depths"]}
+    assert set(results["losses"]) == expected
+    for key, losses in results["losses"].items():
+        depth = int(key.rsplit(",", 1)[1].strip(" )"))
+        assert len(losses) == depth and key in results["models"]
+        assert all(0 < stderr < 0.2 * mean for mean, stderr in losses), key
+        # shallow models have light tails: 100 000 tasks pin them to 1% (the deep ones get 1 000 000)
+        assert depth >= 3 or all(stderr < 0.01 * mean for mean, stderr in losses), key
+    assert memformer.eval_count(2) == 100_000 and memformer.eval_count(3) == 1_000_000
+
+
+def test_experiments_resume_from_their_file_and_refuse_another_recipe(tmp_path, monkeypatch):
+    from icl_course import memformer
+
+    tiny = dict(memformer.RECIPE, depths=(1, 2), rotations=(0,), isotropic_seeds=1, num_steps=3, batch_size=16,
+                eval_tasks=500, shallow_eval_tasks=300, head_counts=(1,), head_steps=2)
+    monkeypatch.setattr(memformer, "RECIPE", tiny)
+    path = tmp_path / "experiments.pt"
+    first = memformer.run_experiments(path, device="cpu")
+    assert len(first["losses"]) == 2 * 4 * 2 and len(first["heads"]) == 2
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished model was trained again")
+    monkeypatch.setattr(importlib.import_module("icl_course.train"), "train", no_training)
+    again = memformer.run_experiments(path, device="cpu")
+    assert again["losses"] == first["losses"] and again["heads"] == first["heads"]
+    monkeypatch.setattr(memformer, "RECIPE", dict(tiny, num_steps=4))
+    with pytest.raises(ValueError, match="another recipe"):
+        memformer.run_experiments(path, device="cpu")
