@@ -25,8 +25,9 @@ What it does, in order:
    own, in its own process and kernel, with a time limit per cell and per notebook and a memory
    limit.  Locked cells that were edited or deleted are restored from the answer key (nbgrader's
    checksums and ``add_missing_cells``), outputs are truncated (nbgrader's ``LimitOutput``), and
-   the hidden tests run: they *record* the learner's functions' outputs on inputs drawn from a
-   seed that only this run knows (:func:`icl_course.grading.protocol.record`).
+   the hidden tests run: they *record* the learner's functions' outputs on inputs that this process
+   drew beforehand from a seed that only it knows and wrote into the submission's course folder
+   (:func:`icl_course.grading.protocol.write_cases` and :func:`~icl_course.grading.protocol.record`).
 5. **Decides the points in this process**, after the kernel has exited: the recorded outputs are
    loaded as plain tensors and numbers and verified against the package's reference functions
    (:func:`icl_course.grading.protocol.verify_recorded`).  Nothing the learner's code did inside its kernel
@@ -339,14 +340,15 @@ def _limit_resources(bytes_limit: int, group: "ControlGroup | None" = None):
 
 
 def _autograde(course: Path, assignment: str, student: str, notebook_timeout: float, memory_bytes: int,
-               answers: Path, seed: int, sandbox: bool = True) -> str:
+               answers: Path, sandbox: bool = True) -> str:
     """Run nbgrader autograde for one submission in its own process group; '' on success.
 
     With ``sandbox`` the whole run (nbgrader, the kernel, whatever the learner's code starts) is
     inside :func:`icl_course.grading.sandbox.sandboxed`, which sees only this course folder.
     """
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    variables = {protocol.ANSWERS_VARIABLE: str(answers), protocol.SEED_VARIABLE: str(seed), "PATH": path}
+    # no seed: the kernel reads the inputs that write_cases put in ``answers``
+    variables = {protocol.ANSWERS_VARIABLE: str(answers), "PATH": path}
     command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
                "--log-level=WARN"]
     if sandbox:
@@ -412,7 +414,7 @@ def _run_problem(returncode: int, graded: Path, answers: Path, log: str, out_of_
         if name == "DeadKernelError":
             return "the kernel stopped during execution (the answers recorded before it stopped count)"
         # a kernel that recorded an answer did start: running the learner's code again would be wrong
-        recorded = answers.is_dir() and any(answers.iterdir())
+        recorded = answers.is_dir() and any(answers.glob("*.pt"))   # cases/ holds the inputs, not answers
         if not recorded and any(text in message for text in KERNEL_START_FAILURES):
             return "the kernel could not start"
         if name:
@@ -606,11 +608,13 @@ def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path,
     answers = course / "answers"
     seed = _seed(secret, submission.student, submission.assignment)
     submission.max_total = key.max_total
+    names = [name for task in key.tasks.values() for name in task.checks]
     for _ in range(2):  # once more only if the kernel could not start (a port taken meanwhile)
         shutil.rmtree(answers, ignore_errors=True)
         answers.mkdir()
+        protocol.write_cases(names, answers, seed)   # the kernel gets the inputs, never the seed
         problem = _autograde(course, submission.assignment, submission.folder, notebook_timeout, memory_bytes,
-                             answers, seed, sandbox)
+                             answers, sandbox)
         if "could not start" not in problem:
             break
     if problem:
