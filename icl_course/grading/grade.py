@@ -28,12 +28,15 @@ What it does, in order:
    the hidden tests run: they *record* the learner's functions' outputs on inputs that this process
    drew beforehand from a seed that only it knows and wrote into the submission's course folder
    (:func:`icl_course.grading.protocol.write_cases` and :func:`~icl_course.grading.protocol.record`).
+   The sandbox shows the kernel a copy of the package in which the reference functions of the
+   assignment's tasks raise an error (:mod:`icl_course.grading.stripped`): an answer that calls
+   them, or reads their source, earns nothing for its task.
 5. **Decides the points in this process**, after the kernel has exited: the recorded outputs are
    loaded as plain tensors and numbers and verified against the package's reference functions
    (:func:`icl_course.grading.protocol.verify_recorded`).  Nothing the learner's code did inside its kernel
    (patched comparisons, redefined helpers, fake "passed" lines, a swallowed exception, an exited
-   kernel) changes that verdict.  Answer cells that use the package's own reference functions are
-   listed in the ``review`` column.
+   kernel) changes that verdict.  Answer cells that name the package's own reference functions are
+   listed in the ``review`` column (without the sandbox those functions still answer).
 6. **Writes** ``DIR/grades.csv`` (one row per student and assignment: ``student``, ``assignment``,
    one column per task, ``total``, ``max_total``, ``status``, ``review``, ``file``) and
    ``DIR/feedback/<student>/<assignment>.html``: nbgrader's feedback page of the executed notebook,
@@ -71,7 +74,8 @@ import nbformat
 from . import protocol
 from .exercises import run_nbgrader, source_copy
 from .registry import CHECKS
-from .sandbox import ControlGroup, sandbox_problem, sandboxed
+from .sandbox import ControlGroup, package_folder, sandbox_problem, sandboxed
+from .stripped import strip_package, withheld_names
 
 __all__ = ["Submission", "AnswerKey", "find_submissions", "default_solutions", "grade", "main"]
 
@@ -340,11 +344,12 @@ def _limit_resources(bytes_limit: int, group: "ControlGroup | None" = None):
 
 
 def _autograde(course: Path, assignment: str, student: str, notebook_timeout: float, memory_bytes: int,
-               answers: Path, sandbox: bool = True) -> str:
+               answers: Path, sandbox: bool = True, package: Optional[Path] = None) -> str:
     """Run nbgrader autograde for one submission in its own process group; '' on success.
 
     With ``sandbox`` the whole run (nbgrader, the kernel, whatever the learner's code starts) is
-    inside :func:`icl_course.grading.sandbox.sandboxed`, which sees only this course folder.
+    inside :func:`icl_course.grading.sandbox.sandboxed`, which sees only this course folder and
+    ``package`` (the stripped copy of the package) in place of the package.
     """
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     # no seed: the kernel reads the inputs that write_cases put in ``answers``
@@ -352,7 +357,7 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
     command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
                "--log-level=WARN"]
     if sandbox:
-        command = sandboxed(command, writable=course, hidden=("source",), environment=variables)
+        command = sandboxed(command, writable=course, hidden=("source",), environment=variables, package=package)
         environment = dict(os.environ)
     else:
         environment = dict(os.environ, **variables)
@@ -570,9 +575,10 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
         recognised.append((submission, notebook))
 
     runnable = _newest_per_student(recognised)
+    packages = _stripped_packages(out, keys, {submission.assignment for submission, _ in runnable}) if sandbox else {}
     settings = dict(template=template, out=out, secret=secret, notebook_timeout=notebook_timeout,
                     memory_bytes=int(memory_gib * 2**30), hidden_tests_in_feedback=hidden_tests_in_feedback,
-                    sandbox=sandbox)
+                    sandbox=sandbox, packages=packages)
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:  # each job waits on its own nbgrader process
         futures = [pool.submit(_grade_one_safely, submission, notebook, keys[submission.assignment], **settings)
                    for submission, notebook in runnable]
@@ -587,6 +593,18 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
     return found
 
 
+def _stripped_packages(out: Path, keys: dict, assignments: set) -> dict:
+    """For each assignment to grade, a copy of the package without its tasks' reference functions,
+    which the sandbox mounts in place of the package (outside every course folder: read-only there)."""
+    real = package_folder()
+    packages = {}
+    for assignment in sorted(assignments):
+        checks = [CHECKS[name] for task in keys[assignment].tasks.values() for name in task.checks]
+        packages[assignment] = strip_package(real, out / "nbgrader" / "packages" / assignment / "icl_course",
+                                             withheld_names(checks, real))
+    return packages
+
+
 def _grade_one_safely(submission: Submission, notebook, key: AnswerKey, **settings) -> None:
     """:func:`_grade_one`, but a failure of this one submission is reported, never stops the batch."""
     try:
@@ -598,7 +616,7 @@ def _grade_one_safely(submission: Submission, notebook, key: AnswerKey, **settin
 
 def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path, out: Path, secret: str,
                notebook_timeout: float, memory_bytes: int, hidden_tests_in_feedback: bool,
-               sandbox: bool = True) -> None:
+               sandbox: bool = True, packages: Optional[dict] = None) -> None:
     """Autograde one submission in a course folder of its own, then score it and write its feedback."""
     course = out / "nbgrader" / "students" / submission.folder / submission.assignment
     shutil.copytree(template, course)  # no kernel can reach another submission's gradebook or answer key
@@ -614,7 +632,7 @@ def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path,
         answers.mkdir()
         protocol.write_cases(names, answers, seed)   # the kernel gets the inputs, never the seed
         problem = _autograde(course, submission.assignment, submission.folder, notebook_timeout, memory_bytes,
-                             answers, sandbox)
+                             answers, sandbox, (packages or {}).get(submission.assignment))
         if "could not start" not in problem:
             break
     if problem:
