@@ -86,7 +86,8 @@ CHECKOUT_SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 DEFAULT_JOBS = min(4, os.cpu_count() or 1)
 NO_SANDBOX_COST = ("a learner's code can then read and write every file you can, including --out with "
                    "other students' records and the grading secret, signal your processes, start processes "
-                   "that outlive grading and use the network")
+                   "that outlive grading, use the network and call the package's reference functions for the "
+                   "tasks being graded")
 
 
 @dataclass
