@@ -212,6 +212,9 @@ def test_under_grading_record_runs_on_the_graders_inputs_and_self_check_runs_not
     assert torch.load(grading / "optimal_coefficient.pt", weights_only=True) == [("output", 0.5)] * 2
     checks.self_check("optimal_coefficient", spy)   # its references may be withheld in a graded kernel
     assert len(seen) == 2 and "self-check not run while your work is graded" in capsys.readouterr().out
+    (grading / checks.CASES_FOLDER / "one_step_loss.pt").unlink()
+    with pytest.raises(checks.SelfCheckFailed):       # a check the grader does not record runs as usual
+        checks.self_check("one_step_loss", lambda **arguments: 0.5)
 
 
 def test_the_grader_writes_only_plain_arguments_and_no_seed(tmp_path, monkeypatch):

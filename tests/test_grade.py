@@ -78,7 +78,8 @@ HOOK_EXCEPTIONS = (
     "ip = get_ipython()\n"
     "ip.set_custom_exc((BaseException,), lambda shell, kind, value, traceback, tb_offset=None: print('passed'))\n"
     "ip.showtraceback = lambda *args, **kwargs: None\n"
-    "def merged_form(W_K, W_Q, W_V, W_P):\n    raise NotImplementedError()\n")
+    "def merged_form(W_K, W_Q, W_V, W_P):\n    raise NotImplementedError()\n"
+    "raise RuntimeError('shown as passed by the hook')\n")
 EXIT_KERNEL = "import os\nos._exit(0)\n"
 FAKE_PRINTS = "print('\\n'.join(f'task {k}: passed' for k in range(1, 6)))\n" + WRONG_LAYER
 FLOOD = "for line in range(20_000):\n    print('line', line)\n"
@@ -293,21 +294,23 @@ def test_malformed_files_get_zero_and_a_reason(graded_class):
 def test_redefined_check_helpers_get_no_points(graded_class):
     # from task 2 on nothing is recorded: the redefined helpers dodge every later check, and lose it
     assert [graded_class.task("mallory", k) for k in range(1, 6)] == [2, 0, 0, 0, 0]
-    assert graded_class.kernel_score("mallory") == FULL  # the attack fooled the checks inside the kernel
+    # nbgrader's own score in the kernel, never used: under grading the recorded checks' self-checks only
+    # print a note, so it says full marks whatever the answers are
+    assert graded_class.kernel_score("mallory") == FULL
 
 
 # a wrong linear_attention also costs task 4, which applies it layer after layer
 @pytest.mark.parametrize("student, points", [("oscar", [2, 0, 3, 0, 3]), ("peggy", [2, 3, 3, 3, 0])])
 def test_patched_comparisons_and_builtins_get_no_points(graded_class, student, points):
     assert [graded_class.task(student, k) for k in range(1, 6)] == points
-    assert graded_class.kernel_score(student) == FULL  # the attack fooled the checks inside the kernel
+    assert graded_class.kernel_score(student) == FULL  # never used (see above)
 
 
 def test_hooked_exception_display_gets_no_points(graded_class):
     assert graded_class.total("trent") == 0
     graded = graded_class.autograded("trent")
-    check = find_cell(nbformat.read(graded, as_version=4), "task1_check")
-    assert check.outputs[0]["text"] == "passed\n"  # the hook was installed and ran in the kernel
+    answer = find_cell(nbformat.read(graded, as_version=4), "task1_answer")
+    assert answer.outputs[0]["text"] == "passed\n"  # the hook was installed and ran in the kernel
 
 
 def test_an_exited_kernel_keeps_only_what_was_recorded_before(graded_class):

@@ -20,7 +20,8 @@ Under grading the kernel draws nothing: before the kernel starts, the grader dra
 check's inputs from a seed that only it knows and writes their argument values, plain tensors and
 numbers, to ``cases/<name>.pt`` in that folder (:func:`write_cases`).  The kernel thus needs neither
 the seed nor the case generators, some of which call the very reference functions that the sandbox
-withholds from it (:mod:`icl_course.grading.stripped`); its self-checks print a note instead of running.
+withholds from it (:mod:`icl_course.grading.stripped`); the self-checks of those checks print a note
+instead of running.
 The grader then, in its own process and after the kernel has exited, draws the same inputs from
 the same seed, loads the outputs with ``torch.load(weights_only=True)`` (tensors, numbers and
 tuples; no code runs) and calls :func:`verify_recorded`.  A learner's code can change anything in
@@ -225,9 +226,11 @@ def self_check(name: str, function: Callable) -> None:
     ``name: passed`` otherwise.  The drawn cases come from a seed of their own, never from the
     grading seed, which only the instructor's grading run knows.
     """
-    if os.environ.get(ANSWERS_VARIABLE):
-        # under grading the points come from the grader alone, and the references that a self-check
-        # compares with are withheld from this kernel: a self-check could only fail for the wrong reason
+    directory = os.environ.get(ANSWERS_VARIABLE)
+    if directory and (Path(directory) / CASES_FOLDER / f"{name}.pt").exists():
+        # the grader records and verifies this check itself, and the references that a self-check
+        # compares with are withheld from this kernel: here it could only fail for the wrong reason.
+        # (A check that the grader does not record still runs: nbgrader's score in the kernel counts.)
         print(f"{name}: self-check not run while your work is graded (the grader checks the recorded outputs)")
         return
     check = find(name)
