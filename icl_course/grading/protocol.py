@@ -101,7 +101,9 @@ class Check:
 
     ``examples()`` gives the self-check's cases; ``draw(rng)`` gives fresh cases from a
     ``random.Random``; ``verify(case, output)`` raises :class:`CheckFailed` when the output is wrong.
-    ``giveaways`` are package names whose use in the answer cell the grader reports.
+    ``giveaways`` are package names whose use in the answer cell the grader reports; those that the
+    package defines as functions, classes or methods are withheld from the graded kernel by the
+    sandbox (:mod:`icl_course.grading.stripped`).
     """
 
     chapter: int
