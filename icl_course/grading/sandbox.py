@@ -198,6 +198,7 @@ def sandbox_problem() -> str | None:
 
 
 def package_folder() -> Path:
+    """The folder of the ``icl_course`` that this process imports: the one the sandbox mounts."""
     spec = importlib.util.find_spec("icl_course")
     return Path(spec.origin).resolve().parent
 
