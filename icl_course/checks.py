@@ -9,8 +9,8 @@ comes from :mod:`icl_course.grading.registry` (loaded when first used).
 
 from .grading.protocol import (
     ANSWERS_VARIABLE,
+    CASES_FOLDER,
     FLOAT64,
-    SEED_VARIABLE,
     Case,
     Check,
     CheckFailed,
@@ -34,12 +34,14 @@ from .grading.protocol import (
     recorded_names,
     self_check,
     verify_recorded,
+    write_cases,
 )
 
 __all__ = ["CHECKS",  # noqa: F822 (given by __getattr__ below)
            "Case", "Check", "CheckFailed", "SelfCheckFailed", "self_check", "record", "verify_recorded",
            "recorded_names", "giveaways_used", "hint", "progress", "Progress", "find", "portable",
-           "ANSWERS_VARIABLE", "SEED_VARIABLE", "FLOAT64", "fail", "expect_tensor", "expect_number", "expect_pair",
+           "write_cases", "ANSWERS_VARIABLE", "CASES_FOLDER", "FLOAT64", "fail", "expect_tensor", "expect_number",
+           "expect_pair",
            "describe", "close", "plural", "generator_from", "normal"]
 
 

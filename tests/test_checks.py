@@ -180,7 +180,7 @@ def test_self_checks_try_drawn_cases_beyond_the_fixed_examples():
 @pytest.fixture
 def grading(tmp_path, monkeypatch):
     monkeypatch.setenv(checks.ANSWERS_VARIABLE, str(tmp_path))
-    monkeypatch.setenv(checks.SEED_VARIABLE, "11")
+    checks.write_cases(list(checks.CHECKS), tmp_path, 11)
     return tmp_path
 
 
@@ -196,6 +196,37 @@ def test_record_then_verify_in_another_place(grading, answers):
     assert "no outputs were recorded" in verdicts["gd_matrices"]
     # the same outputs checked against another seed's inputs fail: the seed must be the grader's
     assert "optimal_coefficient" in checks.verify_recorded(["optimal_coefficient"], grading, 12)["optimal_coefficient"]
+
+
+def test_under_grading_record_runs_on_the_graders_inputs_and_self_check_runs_nothing(grading, capsys):
+    # inputs no seed gives: the kernel must use what the grader wrote, not draw its own
+    torch.save([dict(d=2, n=3, second_moment=0.25), dict(d=4, n=5, second_moment=0.0)],
+               grading / checks.CASES_FOLDER / "optimal_coefficient.pt")
+    seen = []
+
+    def spy(d, n, second_moment):
+        seen.append((d, n, second_moment))
+        return 0.5
+    checks.record("optimal_coefficient", spy)
+    assert seen == [(2, 3, 0.25), (4, 5, 0.0)]
+    assert torch.load(grading / "optimal_coefficient.pt", weights_only=True) == [("output", 0.5)] * 2
+    checks.self_check("optimal_coefficient", spy)   # its references may be withheld in a graded kernel
+    assert len(seen) == 2 and "self-check not run while your work is graded" in capsys.readouterr().out
+    (grading / checks.CASES_FOLDER / "one_step_loss.pt").unlink()
+    with pytest.raises(checks.SelfCheckFailed):       # a check the grader does not record runs as usual
+        checks.self_check("one_step_loss", lambda **arguments: 0.5)
+
+
+def test_the_grader_writes_only_plain_arguments_and_no_seed(tmp_path, monkeypatch):
+    checks.write_cases(["gd_matrices", "transformer_prediction"], tmp_path, 5)
+    written = torch.load(tmp_path / checks.CASES_FOLDER / "transformer_prediction.pt", weights_only=True)
+    drawn = checks.CHECKS["transformer_prediction"].grading_cases(5)
+    assert len(written) == len(drawn) and all(torch.equal(case.arguments["tokens"], arguments["tokens"])
+                                              for case, arguments in zip(drawn, written))
+    assert [set(arguments) for arguments in written] == [set(case.arguments) for case in drawn]   # no context
+    monkeypatch.setenv(checks.ANSWERS_VARIABLE, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no grading inputs for 'best_step_size'"):
+        checks.record("best_step_size", lambda **arguments: 0.5)
 
 
 class Payload:

@@ -251,7 +251,7 @@ def test_the_self_check_of_the_answer_key_passes_and_a_wrong_answer_points_to_th
 
 def test_recorded_outputs_are_verified_in_the_graders_process(answers, tmp_path, monkeypatch):
     monkeypatch.setenv(checks.ANSWERS_VARIABLE, str(tmp_path))
-    monkeypatch.setenv(checks.SEED_VARIABLE, "13")
+    checks.write_cases(NAMES, tmp_path, 13)
     for name in NAMES:
         checks.record(name, answers[name])
     checks.record("diag_layer", lambda tokens, **weights: _diag_variant(tokens, **weights, read_query=True))

@@ -78,7 +78,8 @@ HOOK_EXCEPTIONS = (
     "ip = get_ipython()\n"
     "ip.set_custom_exc((BaseException,), lambda shell, kind, value, traceback, tb_offset=None: print('passed'))\n"
     "ip.showtraceback = lambda *args, **kwargs: None\n"
-    "def merged_form(W_K, W_Q, W_V, W_P):\n    raise NotImplementedError()\n")
+    "def merged_form(W_K, W_Q, W_V, W_P):\n    raise NotImplementedError()\n"
+    "raise RuntimeError('shown as passed by the hook')\n")
 EXIT_KERNEL = "import os\nos._exit(0)\n"
 FAKE_PRINTS = "print('\\n'.join(f'task {k}: passed' for k in range(1, 6)))\n" + WRONG_LAYER
 FLOOD = "for line in range(20_000):\n    print('line', line)\n"
@@ -293,21 +294,23 @@ def test_malformed_files_get_zero_and_a_reason(graded_class):
 def test_redefined_check_helpers_get_no_points(graded_class):
     # from task 2 on nothing is recorded: the redefined helpers dodge every later check, and lose it
     assert [graded_class.task("mallory", k) for k in range(1, 6)] == [2, 0, 0, 0, 0]
-    assert graded_class.kernel_score("mallory") == FULL  # the attack fooled the checks inside the kernel
+    # nbgrader's own score in the kernel, never used: under grading the recorded checks' self-checks only
+    # print a note, so it says full marks whatever the answers are
+    assert graded_class.kernel_score("mallory") == FULL
 
 
 # a wrong linear_attention also costs task 4, which applies it layer after layer
 @pytest.mark.parametrize("student, points", [("oscar", [2, 0, 3, 0, 3]), ("peggy", [2, 3, 3, 3, 0])])
 def test_patched_comparisons_and_builtins_get_no_points(graded_class, student, points):
     assert [graded_class.task(student, k) for k in range(1, 6)] == points
-    assert graded_class.kernel_score(student) == FULL  # the attack fooled the checks inside the kernel
+    assert graded_class.kernel_score(student) == FULL  # never used (see above)
 
 
 def test_hooked_exception_display_gets_no_points(graded_class):
     assert graded_class.total("trent") == 0
     graded = graded_class.autograded("trent")
-    check = find_cell(nbformat.read(graded, as_version=4), "task1_check")
-    assert check.outputs[0]["text"] == "passed\n"  # the hook was installed and ran in the kernel
+    answer = find_cell(nbformat.read(graded, as_version=4), "task1_answer")
+    assert answer.outputs[0]["text"] == "passed\n"  # the hook was installed and ran in the kernel
 
 
 def test_an_exited_kernel_keeps_only_what_was_recorded_before(graded_class):
@@ -416,9 +419,50 @@ def test_forged_answer_files_are_refused_and_never_run(graded_class):
 
 def test_answers_that_call_reference_functions_are_reported(graded_class):
     judy = graded_class.rows["judy"]
-    assert graded_class.total("judy") == FULL  # the properties hold: the instructor decides
+    if SANDBOX:   # the references raise there; task 4 builds on task 2's function
+        assert [graded_class.task("judy", number) for number in range(1, 6)] == [2, 0, 0, 0, 3]
+    else:         # nothing is withheld without the sandbox: the properties hold, the instructor decides
+        assert graded_class.total("judy") == FULL
     assert judy["review"] == "task 2 uses LinearSelfAttention, from_matrices; task 3 uses gd_construction"
     assert graded_class.rows["alice"]["review"] == ""
+
+
+# Answers that take the package's own answer instead of computing it, each reaching it another way:
+# an import, the module's file run afresh, the grading catalogue's reference read with inspect.
+READ_THE_FILE = (
+    "import icl_course.models as models\n"
+    "namespace = dict(vars(models))\n"
+    "exec(compile(open(models.__file__).read(), models.__file__, 'exec'), namespace)\n"
+    "def gd_matrices(d, n, eta):\n"
+    "    return tuple(m[0].detach() for m in namespace['gd_construction'](d, n, eta).layers[0].head_matrices())\n")
+READ_THE_CATALOGUE = (
+    "import inspect\n"
+    "from icl_course.checks import FLOAT64\n"
+    "from icl_course.grading import chapter1\n"
+    "exec(inspect.getsource(chapter1._best_step_size_reference).replace('_best_step_size_reference', "
+    "'best_step_size'))\n")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox on this machine: {SANDBOX_PROBLEM}")
+def test_answers_taken_from_the_package_earn_nothing_in_the_sandbox(tmp_path):
+    (tmp_path / "keys").mkdir()
+    shutil.copy(ROOT / "solutions" / f"{CHAPTER}.ipynb", tmp_path / "keys")
+    exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
+    full = answered(exercise, nbformat.read(tmp_path / "keys" / f"{CHAPTER}.ipynb", as_version=4), range(1, 6))
+    (tmp_path / "class").mkdir()
+    for student, notebook in (("alice", full), ("uma", with_answer(full, 3, GIVEAWAYS[3])),
+                              ("rita", with_answer(with_answer(full, 3, READ_THE_FILE), 5, READ_THE_CATALOGUE))):
+        (tmp_path / "class" / f"{student}_01.ipynb").write_text(json.dumps(notebook))
+    found = {s.student: s for s in grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys",
+                                         progress=False, jobs=2, sandbox=True)}
+    assert found["alice"].scores == {1: 2.0, 2: 3.0, 3: 3.0, 4: 3.0, 5: 3.0}    # the honest answer: full marks
+    assert found["uma"].scores == {1: 2.0, 2: 3.0, 3: 0.0, 4: 3.0, 5: 3.0}
+    assert found["rita"].scores == {1: 2.0, 2: 3.0, 3: 0.0, 4: 3.0, 5: 0.0}
+    assert "gd_construction is not available while your work is graded" in found["uma"].comments[3]
+    assert "gd_construction is not available while your work is graded" in found["rita"].comments[3]
+    assert "raised RuntimeError" in found["rita"].comments[5] and "not available" in found["rita"].comments[5]
+    assert found["uma"].review == ["task 3 uses gd_construction"]
 
 
 def test_the_newer_of_two_submissions_is_graded(graded_class):

@@ -25,14 +25,18 @@ What it does, in order:
    own, in its own process and kernel, with a time limit per cell and per notebook and a memory
    limit.  Locked cells that were edited or deleted are restored from the answer key (nbgrader's
    checksums and ``add_missing_cells``), outputs are truncated (nbgrader's ``LimitOutput``), and
-   the hidden tests run: they *record* the learner's functions' outputs on inputs drawn from a
-   seed that only this run knows (:func:`icl_course.grading.protocol.record`).
+   the hidden tests run: they *record* the learner's functions' outputs on inputs that this process
+   drew beforehand from a seed that only it knows and wrote into the submission's course folder
+   (:func:`icl_course.grading.protocol.write_cases` and :func:`~icl_course.grading.protocol.record`).
+   The sandbox shows the kernel a copy of the package in which the reference functions of the
+   assignment's tasks raise an error (:mod:`icl_course.grading.stripped`): an answer that calls
+   them, or reads their source, earns nothing for its task.
 5. **Decides the points in this process**, after the kernel has exited: the recorded outputs are
    loaded as plain tensors and numbers and verified against the package's reference functions
    (:func:`icl_course.grading.protocol.verify_recorded`).  Nothing the learner's code did inside its kernel
    (patched comparisons, redefined helpers, fake "passed" lines, a swallowed exception, an exited
-   kernel) changes that verdict.  Answer cells that use the package's own reference functions are
-   listed in the ``review`` column.
+   kernel) changes that verdict.  Answer cells that name the package's own reference functions are
+   listed in the ``review`` column (without the sandbox those functions still answer).
 6. **Writes** ``DIR/grades.csv`` (one row per student and assignment: ``student``, ``assignment``,
    one column per task, ``total``, ``max_total``, ``status``, ``review``, ``file``) and
    ``DIR/feedback/<student>/<assignment>.html``: nbgrader's feedback page of the executed notebook,
@@ -70,7 +74,8 @@ import nbformat
 from . import protocol
 from .exercises import run_nbgrader, source_copy
 from .registry import CHECKS
-from .sandbox import ControlGroup, sandbox_problem, sandboxed
+from .sandbox import ControlGroup, package_folder, sandbox_problem, sandboxed
+from .stripped import strip_package, withheld_names
 
 __all__ = ["Submission", "AnswerKey", "find_submissions", "default_solutions", "grade", "main"]
 
@@ -81,7 +86,8 @@ CHECKOUT_SOLUTIONS = Path(__file__).resolve().parents[2] / "solutions"
 DEFAULT_JOBS = min(4, os.cpu_count() or 1)
 NO_SANDBOX_COST = ("a learner's code can then read and write every file you can, including --out with "
                    "other students' records and the grading secret, signal your processes, start processes "
-                   "that outlive grading and use the network")
+                   "that outlive grading, use the network and call the package's reference functions for the "
+                   "tasks being graded")
 
 
 @dataclass
@@ -339,18 +345,20 @@ def _limit_resources(bytes_limit: int, group: "ControlGroup | None" = None):
 
 
 def _autograde(course: Path, assignment: str, student: str, notebook_timeout: float, memory_bytes: int,
-               answers: Path, seed: int, sandbox: bool = True) -> str:
+               answers: Path, sandbox: bool = True, package: Optional[Path] = None) -> str:
     """Run nbgrader autograde for one submission in its own process group; '' on success.
 
     With ``sandbox`` the whole run (nbgrader, the kernel, whatever the learner's code starts) is
-    inside :func:`icl_course.grading.sandbox.sandboxed`, which sees only this course folder.
+    inside :func:`icl_course.grading.sandbox.sandboxed`, which sees only this course folder and
+    ``package`` (the stripped copy of the package) in place of the package.
     """
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    variables = {protocol.ANSWERS_VARIABLE: str(answers), protocol.SEED_VARIABLE: str(seed), "PATH": path}
+    # no seed: the kernel reads the inputs that write_cases put in ``answers``
+    variables = {protocol.ANSWERS_VARIABLE: str(answers), "PATH": path}
     command = [sys.executable, "-m", "nbgrader", "autograde", assignment, "--student", student, "--force",
                "--log-level=WARN"]
     if sandbox:
-        command = sandboxed(command, writable=course, hidden=("source",), environment=variables)
+        command = sandboxed(command, writable=course, hidden=("source",), environment=variables, package=package)
         environment = dict(os.environ)
     else:
         environment = dict(os.environ, **variables)
@@ -412,7 +420,7 @@ def _run_problem(returncode: int, graded: Path, answers: Path, log: str, out_of_
         if name == "DeadKernelError":
             return "the kernel stopped during execution (the answers recorded before it stopped count)"
         # a kernel that recorded an answer did start: running the learner's code again would be wrong
-        recorded = answers.is_dir() and any(answers.iterdir())
+        recorded = answers.is_dir() and any(answers.glob("*.pt"))   # cases/ holds the inputs, not answers
         if not recorded and any(text in message for text in KERNEL_START_FAILURES):
             return "the kernel could not start"
         if name:
@@ -568,9 +576,10 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
         recognised.append((submission, notebook))
 
     runnable = _newest_per_student(recognised)
+    packages = _stripped_packages(out, keys, {submission.assignment for submission, _ in runnable}) if sandbox else {}
     settings = dict(template=template, out=out, secret=secret, notebook_timeout=notebook_timeout,
                     memory_bytes=int(memory_gib * 2**30), hidden_tests_in_feedback=hidden_tests_in_feedback,
-                    sandbox=sandbox)
+                    sandbox=sandbox, packages=packages)
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:  # each job waits on its own nbgrader process
         futures = [pool.submit(_grade_one_safely, submission, notebook, keys[submission.assignment], **settings)
                    for submission, notebook in runnable]
@@ -585,6 +594,18 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
     return found
 
 
+def _stripped_packages(out: Path, keys: dict, assignments: set) -> dict:
+    """For each assignment to grade, a copy of the package without its tasks' reference functions,
+    which the sandbox mounts in place of the package (outside every course folder: read-only there)."""
+    real = package_folder()
+    packages = {}
+    for assignment in sorted(assignments):
+        checks = [CHECKS[name] for task in keys[assignment].tasks.values() for name in task.checks]
+        packages[assignment] = strip_package(real, out / "nbgrader" / "packages" / assignment / "icl_course",
+                                             withheld_names(checks, real))
+    return packages
+
+
 def _grade_one_safely(submission: Submission, notebook, key: AnswerKey, **settings) -> None:
     """:func:`_grade_one`, but a failure of this one submission is reported, never stops the batch."""
     try:
@@ -596,7 +617,7 @@ def _grade_one_safely(submission: Submission, notebook, key: AnswerKey, **settin
 
 def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path, out: Path, secret: str,
                notebook_timeout: float, memory_bytes: int, hidden_tests_in_feedback: bool,
-               sandbox: bool = True) -> None:
+               sandbox: bool = True, packages: Optional[dict] = None) -> None:
     """Autograde one submission in a course folder of its own, then score it and write its feedback."""
     course = out / "nbgrader" / "students" / submission.folder / submission.assignment
     shutil.copytree(template, course)  # no kernel can reach another submission's gradebook or answer key
@@ -606,11 +627,13 @@ def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path,
     answers = course / "answers"
     seed = _seed(secret, submission.student, submission.assignment)
     submission.max_total = key.max_total
+    names = [name for task in key.tasks.values() for name in task.checks]
     for _ in range(2):  # once more only if the kernel could not start (a port taken meanwhile)
         shutil.rmtree(answers, ignore_errors=True)
         answers.mkdir()
+        protocol.write_cases(names, answers, seed)   # the kernel gets the inputs, never the seed
         problem = _autograde(course, submission.assignment, submission.folder, notebook_timeout, memory_bytes,
-                             answers, seed, sandbox)
+                             answers, sandbox, (packages or {}).get(submission.assignment))
         if "could not start" not in problem:
             break
     if problem:

@@ -12,10 +12,16 @@ through :mod:`icl_course.checks`:
 * ``checks.hint("merged_form")`` opens the task's next hint, and ``checks.progress(1)`` shows which
   of chapter 1's tasks passed their self-check in this kernel;
 * ``checks.record("merged_form", merged_form)`` (in the hidden tests).  Under grading,
-  :mod:`icl_course.grading.grade` puts ``ICL_COURSE_ANSWERS`` (a folder) and ``ICL_COURSE_SEED`` in the
-  kernel's environment, and ``record`` only calls the function on inputs drawn from that seed and
-  saves the outputs there.  Elsewhere (the answer keys under nbval) it verifies them on the spot.
+  :mod:`icl_course.grading.grade` puts ``ICL_COURSE_ANSWERS`` (a folder) in the kernel's environment,
+  and ``record`` only calls the function on the inputs it finds there and saves the outputs beside
+  them.  Elsewhere (the answer keys under nbval) it verifies them on the spot.
 
+Under grading the kernel draws nothing: before the kernel starts, the grader draws every graded
+check's inputs from a seed that only it knows and writes their argument values, plain tensors and
+numbers, to ``cases/<name>.pt`` in that folder (:func:`write_cases`).  The kernel thus needs neither
+the seed nor the case generators, some of which call the very reference functions that the sandbox
+withholds from it (:mod:`icl_course.grading.stripped`); the self-checks of those checks print a note
+instead of running.
 The grader then, in its own process and after the kernel has exited, draws the same inputs from
 the same seed, loads the outputs with ``torch.load(weights_only=True)`` (tensors, numbers and
 tuples; no code runs) and calls :func:`verify_recorded`.  A learner's code can change anything in
@@ -46,11 +52,12 @@ from ..hints import HINTS
 
 __all__ = ["Case", "Check", "CheckFailed", "SelfCheckFailed", "self_check", "record", "verify_recorded",
            "recorded_names", "giveaways_used", "hint", "progress", "Progress", "find", "portable",
-           "ANSWERS_VARIABLE", "SEED_VARIABLE", "FLOAT64", "fail", "expect_tensor", "expect_number", "expect_pair",
+           "write_cases", "ANSWERS_VARIABLE", "CASES_FOLDER", "FLOAT64", "fail", "expect_tensor", "expect_number",
+           "expect_pair",
            "describe", "close", "plural", "generator_from", "normal"]
 
 ANSWERS_VARIABLE = "ICL_COURSE_ANSWERS"
-SEED_VARIABLE = "ICL_COURSE_SEED"
+CASES_FOLDER = "cases"    # in the answers folder: the grading inputs that the grader wrote for the kernel
 LOCAL_SEED = 0            # the grading inputs that the answer keys verify under nbval
 MAX_RECORD_BYTES = 32 * 2**20
 FLOAT64 = dict(dtype=torch.float64, device="cpu")
@@ -94,7 +101,9 @@ class Check:
 
     ``examples()`` gives the self-check's cases; ``draw(rng)`` gives fresh cases from a
     ``random.Random``; ``verify(case, output)`` raises :class:`CheckFailed` when the output is wrong.
-    ``giveaways`` are package names whose use in the answer cell the grader reports.
+    ``giveaways`` are package names whose use in the answer cell the grader reports; those that the
+    package defines as functions, classes or methods are withheld from the graded kernel by the
+    sandbox (:mod:`icl_course.grading.stripped`).
     """
 
     chapter: int
@@ -219,6 +228,13 @@ def self_check(name: str, function: Callable) -> None:
     ``name: passed`` otherwise.  The drawn cases come from a seed of their own, never from the
     grading seed, which only the instructor's grading run knows.
     """
+    directory = os.environ.get(ANSWERS_VARIABLE)
+    if directory and (Path(directory) / CASES_FOLDER / f"{name}.pt").exists():
+        # the grader records and verifies this check itself, and the references that a self-check
+        # compares with are withheld from this kernel: here it could only fail for the wrong reason.
+        # (A check that the grader does not record still runs: nbgrader's score in the kernel counts.)
+        print(f"{name}: self-check not run while your work is graded (the grader checks the recorded outputs)")
+        return
     check = find(name)
     cases = check.examples() + check.draw(random.Random(f"{name}:self-check"))
     _OUTCOMES[name] = "failed: the function raised an error"   # until every case has passed
@@ -301,20 +317,54 @@ def progress(chapter: int) -> Progress:
 
 def record(name: str, function: Callable) -> None:
     """Hidden tests: save ``function``'s outputs for grading, or verify them outside grading (see module doc)."""
-    check = find(name)
     directory = os.environ.get(ANSWERS_VARIABLE)
-    cases = check.grading_cases(int(os.environ.get(SEED_VARIABLE, LOCAL_SEED)))
     if not directory:
-        for case in cases:
+        check = find(name)
+        for case in check.grading_cases(LOCAL_SEED):
             check.verify(case, portable(function(**copy.deepcopy(case.arguments))))
         return
     entries = []
-    for case in cases:
+    for arguments in _load_cases(Path(directory), name):
         try:
-            entries.append(("output", portable(function(**copy.deepcopy(case.arguments)))))
+            entries.append(("output", portable(function(**copy.deepcopy(arguments)))))
         except Exception as error:  # the grader reports it; the other cases still count as failed
             entries.append(("error", f"{type(error).__name__}: {error}"[:300]))
     torch.save(entries, Path(directory) / f"{name}.pt")
+
+
+def _plain(value) -> bool:
+    """Whether ``torch.load(weights_only=True)`` gives ``value`` back as it is: tensors, numbers, strings
+    and tuples, lists and dicts of them."""
+    if isinstance(value, (tuple, list)):
+        return all(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _plain(item) for key, item in value.items())
+    return value is None or isinstance(value, (torch.Tensor, bool, int, float, str))
+
+
+def write_cases(names: list[str], directory: Path, seed: int) -> None:
+    """The grader's side of :func:`record`: the argument values of every grading case of the checks
+    ``names``, drawn from ``seed``, saved as ``directory/cases/<name>.pt`` for the learner's kernel.
+
+    Only the arguments are written, never a case's ``context`` (what ``verify`` needs besides) nor the
+    seed: the kernel learns nothing it could not see in the arguments its function receives.
+    """
+    folder = Path(directory) / CASES_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        arguments = [case.arguments for case in find(name).grading_cases(seed)]
+        if not _plain(arguments):  # a catalogue bug: the kernel could not load the file safely
+            raise TypeError(f"the grading cases of {name!r} have arguments that are not plain tensors and numbers")
+        torch.save(arguments, folder / f"{name}.pt")
+
+
+def _load_cases(directory: Path, name: str) -> list[dict]:
+    """The arguments that :func:`write_cases` saved for ``name`` (plain values: nothing in the file runs)."""
+    path = directory / CASES_FOLDER / f"{name}.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"no grading inputs for {name!r} in {path.parent}: the grader writes them "
+                                "before the notebook runs")
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _load_record(path: Path) -> list:

@@ -7,11 +7,19 @@ inside :func:`sandboxed`, which gives it, by construction rather than by a list 
   process, and when its first process ends the kernel ends every process left in the namespace
   (a process that detached with ``setsid`` included); ``--die-with-parent`` ends it with the grader;
 * **its own network namespace**, with nothing but a loopback device: no network;
-* **a private file system**: the operating system's programs and libraries, the Python
-  environment and the ``icl_course`` package are mounted read-only; the submission's own course
-  folder is the only writable place, with its ``source/`` folder (the answer keys) hidden; ``/tmp``
-  and ``HOME`` are empty and discarded at the end.  ``--out`` with the grading secret, the answer
-  keys, the submissions folder and other students' folders are simply not there.
+* **a private file system**: the operating system's programs and libraries and the Python
+  environment are mounted read-only; the submission's own course folder is the only writable
+  place, with its ``source/`` folder (the answer keys) hidden; ``/tmp`` and ``HOME`` are empty and
+  discarded at the end.  ``--out`` with the grading secret, the answer keys, the submissions folder,
+  the rest of the course's repository (``solutions/``, ``chapters/``, ``tests/``) and other students'
+  folders are simply not there;
+* **no answers in the package**: in place of the ``icl_course`` package folder (and of any other
+  installed copy in the mounted Python folders) it mounts, read-only and at the same path, a copy
+  made by :func:`icl_course.grading.stripped.strip_package` in which the reference functions of the
+  tasks being graded raise an error instead of answering, whether they are imported, read with
+  ``inspect.getsource`` or opened as files.  The kernel draws no grading inputs itself: the
+  grader writes them beforehand (:func:`icl_course.grading.protocol.write_cases`), so it needs
+  neither the seed nor the case generators that call those references.
 
 **One memory limit and one process-count limit for the whole submission** come from a Linux control
 group (:class:`ControlGroup`): the grader makes one per submission where it may (as root, or where
@@ -32,7 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["SandboxUnavailable", "sandbox_problem", "sandboxed", "ControlGroup"]
+__all__ = ["SandboxUnavailable", "sandbox_problem", "sandboxed", "package_folder", "ControlGroup"]
 
 # the operating system's own read-only parts; those that do not exist are skipped
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -189,7 +197,8 @@ def sandbox_problem() -> str | None:
     return None
 
 
-def _package_folder() -> Path:
+def package_folder() -> Path:
+    """The folder of the ``icl_course`` that this process imports: the one the sandbox mounts."""
     spec = importlib.util.find_spec("icl_course")
     return Path(spec.origin).resolve().parent
 
@@ -204,13 +213,21 @@ def _python_folders() -> list[Path]:
     return sorted(folders)
 
 
+def _installed_copies(package: Path) -> list[Path]:
+    """Other ``icl_course`` folders in the mounted Python folders (a regular, non-editable install)."""
+    copies = {(folder / "icl_course").resolve() for folder in _python_folders() if (folder / "icl_course").is_dir()}
+    return sorted(copies - {package})
+
+
 def sandboxed(command: list[str], writable: Path | None, hidden: tuple = (), program: str | None = None,
-              environment: dict | None = None) -> list[str]:
+              environment: dict | None = None, package: Path | None = None) -> list[str]:
     """The bubblewrap command line that runs ``command`` in the sandbox described above.
 
     ``writable`` is bound read-write at its own path and is the working directory; ``hidden``
     folders inside it are covered by an empty file system; ``environment`` is the whole
-    environment the command sees.
+    environment the command sees.  ``package``, a copy of the package made by
+    :func:`icl_course.grading.stripped.strip_package`, is mounted in place of the real package
+    folder and of any other installed copy of it, so that only the copy can be read.
     """
     arguments = [program or _bubblewrap() or "bwrap", "--die-with-parent", "--new-session",
                  "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
@@ -221,9 +238,13 @@ def sandboxed(command: list[str], writable: Path | None, hidden: tuple = (), pro
             arguments += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             arguments += ["--ro-bind", path, path]
-    for folder in _python_folders() + [_package_folder()]:
+    real = package_folder()
+    for folder in _python_folders() + [real]:
         if not any(str(folder).startswith(system + "/") for system in SYSTEM_PATHS):
             arguments += ["--ro-bind", str(folder), str(folder)]
+    if package is not None:   # mounted last, over the folders above: every path to the package shows the copy
+        for folder in [real] + _installed_copies(real):
+            arguments += ["--ro-bind", str(Path(package).resolve()), str(folder)]
     if writable is not None:
         writable = Path(writable).resolve()
         arguments += ["--bind", str(writable), str(writable)]
@@ -234,7 +255,7 @@ def sandboxed(command: list[str], writable: Path | None, hidden: tuple = (), pro
             "MPLCONFIGDIR": "/tmp/matplotlib", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
             # the kernel imports the icl_course mounted above, the grader's own, rather than whatever an
             # editable install's finder points at (another checkout, which is not mounted)
-            "PYTHONPATH": str(_package_folder().parent)}
+            "PYTHONPATH": str(package_folder().parent)}
     for name, value in {**home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(environment or {})}.items():
         arguments += ["--setenv", name, value]
     return arguments + ["--", *command]
