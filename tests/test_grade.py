@@ -411,6 +411,54 @@ def test_one_memory_and_one_process_limit_hold_for_the_whole_submission(tmp_path
         assert started < MAX_PROCESSES and sum(vera.scores.values()) == FULL
 
 
+FILLER = """import os, sys
+folder = {folder!r}
+written = 0
+try:
+    for index in range(8):      # 8 files of 1 GiB: each under the per-file cap, together over the limit
+        with open(os.path.join(folder, f"filler-{{index}}.bin"), "wb") as handle:
+            for _ in range(1024):
+                handle.write(bytes(2**20))
+        written += 1
+except OSError as error:
+    print("filler stopped:", type(error).__name__)
+print("GiB written:", written)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
+def test_files_a_submission_writes_count_against_its_one_memory_limit(tmp_path):
+    """wanda fills her course folder (the kernel's working folder), xena the sandbox's /tmp: 8 GiB each
+    against a 3 GiB limit.  Both are stopped at the limit, nothing of it reaches the disk or stays in
+    memory afterwards, and the tasks recorded before count."""
+    probe = ControlGroup.create(f"icl-course-test-{os.getpid()}", 2**30, 16)
+    if probe is None:
+        pytest.skip(f"no control group can be made here: {ControlGroup.problem}")
+    probe.close()
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    shutil.copy(ROOT / "solutions" / f"{CHAPTER}.ipynb", solutions)
+    exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
+    full = answered(exercise, nbformat.read(solutions / f"{CHAPTER}.ipynb", as_version=4), range(1, 6))
+    (tmp_path / "class").mkdir()
+    for name, folder in (("wanda", "."), ("xena", "/tmp")):
+        attack = FILLER.replace("{folder!r}", repr(folder)).replace("{{index}}", "{index}")
+        notebook = with_answer(full, 5, attack + find_cell(full, "task5_answer").source)
+        (tmp_path / "class" / f"{name}_01.ipynb").write_text(json.dumps(notebook))
+    before = {path.name for path in Path("/dev/shm").glob("icl-course-*")}
+    found = {submission.student: submission for submission in
+             grade(tmp_path / "class", tmp_path / "out", solutions=solutions, memory_gib=3, progress=False,
+                   sandbox=True)}
+    for name in ("wanda", "xena"):
+        submission = found[name]
+        assert submission.status.startswith("the submission reached its memory limit (3 GiB"), (name, submission.status)
+        assert submission.scores == {1: 2.0, 2: 3.0, 3: 3.0, 4: 3.0, 5: 0.0}   # tasks 1-4 were recorded before
+    on_disk = sum(path.stat().st_size for path in (tmp_path / "out").rglob("*") if path.is_file())
+    assert on_disk < 2**28, f"{on_disk / 2**20:.0f} MiB written under --out"
+    assert {path.name for path in Path("/dev/shm").glob("icl-course-*")} == before   # the memory was given back
+
+
 def test_forged_answer_files_are_refused_and_never_run(graded_class):
     assert graded_class.task("yvonne", 1) == 0 and graded_class.task("yvonne", 2) == 0
     assert graded_class.task("yvonne", 3) == 0 and graded_class.total("yvonne") == FULL - 8

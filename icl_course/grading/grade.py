@@ -62,6 +62,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -74,7 +75,7 @@ import nbformat
 from . import protocol
 from .exercises import run_nbgrader, source_copy
 from .registry import CHECKS
-from .sandbox import ControlGroup, package_folder, sandbox_problem, sandboxed
+from .sandbox import ControlGroup, memory_file_system, package_folder, sandbox_problem, sandboxed
 from .stripped import strip_package, withheld_names
 
 __all__ = ["Submission", "AnswerKey", "find_submissions", "default_solutions", "grade", "main"]
@@ -537,6 +538,14 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
               f"Run as root, or where systemd delegates the memory and pids controllers, to get them.")
     elif probe is not None:
         probe.close()
+    # with one limit for all of a submission's processes, its files go to memory too (see _grade_one),
+    # where there is room for every job's limit (a container's /dev/shm may hold only megabytes)
+    in_memory = memory_file_system() if sandbox and probe is not None else None
+    if in_memory is not None and shutil.disk_usage(in_memory).free < memory_gib * 2**30 * max(1, int(jobs)):
+        if progress:
+            print(f"warning: {in_memory} has less room than {max(1, int(jobs))} x the memory limit, so the "
+                  "course folders stay on disk, where only each file is capped at the memory limit")
+        in_memory = None
     secret = _prepare(out)
     before = _hashes(submissions)
 
@@ -579,7 +588,7 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
     packages = _stripped_packages(out, keys, {submission.assignment for submission, _ in runnable}) if sandbox else {}
     settings = dict(template=template, out=out, secret=secret, notebook_timeout=notebook_timeout,
                     memory_bytes=int(memory_gib * 2**30), hidden_tests_in_feedback=hidden_tests_in_feedback,
-                    sandbox=sandbox, packages=packages)
+                    sandbox=sandbox, packages=packages, in_memory=in_memory)
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:  # each job waits on its own nbgrader process
         futures = [pool.submit(_grade_one_safely, submission, notebook, keys[submission.assignment], **settings)
                    for submission, notebook in runnable]
@@ -617,9 +626,33 @@ def _grade_one_safely(submission: Submission, notebook, key: AnswerKey, **settin
 
 def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path, out: Path, secret: str,
                notebook_timeout: float, memory_bytes: int, hidden_tests_in_feedback: bool,
-               sandbox: bool = True, packages: Optional[dict] = None) -> None:
-    """Autograde one submission in a course folder of its own, then score it and write its feedback."""
-    course = out / "nbgrader" / "students" / submission.folder / submission.assignment
+               sandbox: bool = True, packages: Optional[dict] = None, in_memory: Optional[Path] = None) -> None:
+    """Autograde one submission in a course folder of its own, then score it and write its feedback.
+
+    With ``in_memory`` (a memory file system; only when a control group holds each submission) the
+    course folder lives there while the learner's code runs, so that what it writes is charged to
+    the submission's memory limit; afterwards only nbgrader's executed notebook and gradebook are
+    copied to ``out`` (each is no larger than that limit), and the rest is dropped.
+    """
+    kept = out / "nbgrader" / "students" / submission.folder / submission.assignment
+    scratch = Path(tempfile.mkdtemp(prefix="icl-course-", dir=in_memory)) if in_memory else None
+    course = scratch / "course" if scratch else kept
+    try:
+        _grade_in(course, submission, notebook, key, template, out, secret, notebook_timeout, memory_bytes,
+                  hidden_tests_in_feedback, sandbox, packages)
+    finally:
+        if scratch:
+            relative = Path("autograded") / submission.folder / submission.assignment / f"{submission.assignment}.ipynb"
+            for part in (relative, Path("gradebook.db")):
+                if (course / part).is_file() and not (course / part).is_symlink():
+                    (kept / part).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(course / part, kept / part)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _grade_in(course: Path, submission: Submission, notebook, key: AnswerKey, template: Path, out: Path,
+              secret: str, notebook_timeout: float, memory_bytes: int, hidden_tests_in_feedback: bool,
+              sandbox: bool, packages: Optional[dict]) -> None:
     shutil.copytree(template, course)  # no kernel can reach another submission's gradebook or answer key
     target = course / "submitted" / submission.folder / submission.assignment / f"{submission.assignment}.ipynb"
     target.parent.mkdir(parents=True)

@@ -27,8 +27,10 @@ the service manager delegated the memory and pids controllers), puts the sandbox
 and removes it afterwards; the kernel's out-of-memory killer then stops the submission as a whole,
 however many processes it started.  Where no control group can be made, grading says so and keeps
 only the per-process limits (address space, file size).  ``/tmp`` inside the sandbox is a memory
-file system, so what a submission writes there counts against its memory limit.  What it does not
-give: one disk limit on the course folder (each file is capped at the memory limit instead).
+file system, and so, with a control group, is the submission's course folder
+(:func:`memory_file_system`): what a submission writes anywhere counts against its one memory limit,
+which is thus also its disk limit.  Without a control group the course folder is on disk and only
+each file is capped (at the memory limit).
 """
 
 from __future__ import annotations
@@ -169,6 +171,24 @@ class ControlGroup:
                 folder.rmdir()
             except OSError:
                 pass
+
+
+def memory_file_system() -> Path | None:
+    """A writable memory file system (``/dev/shm`` where it is a tmpfs), or None.
+
+    A submission's course folder lives there when a control group holds the submission: every byte
+    its processes write is then a page of memory charged to that group, so the memory limit is also
+    the submission's disk limit, for all its files together, and nothing it writes reaches the disk.
+    """
+    candidate = Path("/dev/shm")
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    if any(line.split()[1:3] == [str(candidate), "tmpfs"] for line in mounts if len(line.split()) > 2) \
+            and os.access(candidate, os.W_OK | os.X_OK):
+        return candidate
+    return None
 
 
 class SandboxUnavailable(RuntimeError):
