@@ -368,11 +368,9 @@ for process in sleepers:
 """
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
-def test_one_memory_and_one_process_limit_hold_for_the_whole_submission(tmp_path):
-    """una's three children of 1.2 GiB each stay under the per-process limit (3 GiB) but not under the
-    submission's; vera's 700 processes are more than a submission may start (MAX_PROCESSES)."""
+def grade_attacks(tmp_path, attacks: dict) -> dict:
+    """Full answers with each student's attack code run first in one task's answer cell (``attacks``:
+    student -> (task, code)), graded in the sandbox with a 3 GiB limit; skipped without a control group."""
     probe = ControlGroup.create(f"icl-course-test-{os.getpid()}", 2**30, 16)
     if probe is None:
         pytest.skip(f"no control group can be made here: {ControlGroup.problem}")
@@ -383,12 +381,20 @@ def test_one_memory_and_one_process_limit_hold_for_the_whole_submission(tmp_path
     exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
     full = answered(exercise, nbformat.read(solutions / f"{CHAPTER}.ipynb", as_version=4), range(1, 6))
     (tmp_path / "class").mkdir()
-    for name, task, attack in (("una", 5, MEMORY_HOGS), ("vera", 1, PROCESS_HOGS)):
+    for name, (task, attack) in attacks.items():
         notebook = with_answer(full, task, attack + find_cell(full, f"task{task}_answer").source)
         (tmp_path / "class" / f"{name}_01.ipynb").write_text(json.dumps(notebook))
-    found = {submission.student: submission for submission in
-             grade(tmp_path / "class", tmp_path / "out", solutions=solutions, memory_gib=3, progress=False,
-                   sandbox=True)}
+    return {submission.student: submission for submission in
+            grade(tmp_path / "class", tmp_path / "out", solutions=solutions, memory_gib=3, progress=False,
+                  sandbox=True)}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
+def test_one_memory_and_one_process_limit_hold_for_the_whole_submission(tmp_path):
+    """una's three children of 1.2 GiB each stay under the per-process limit (3 GiB) but not under the
+    submission's; vera's 700 processes are more than a submission may start (MAX_PROCESSES)."""
+    found = grade_attacks(tmp_path, {"una": (5, MEMORY_HOGS), "vera": (1, PROCESS_HOGS)})
 
     def printed(student, task):
         course = tmp_path / "out" / "nbgrader" / "students" / student / CHAPTER
@@ -411,7 +417,7 @@ def test_one_memory_and_one_process_limit_hold_for_the_whole_submission(tmp_path
         assert started < MAX_PROCESSES and sum(vera.scores.values()) == FULL
 
 
-FILLER = """import os, sys
+FILLER = """import os
 folder = {folder!r}
 written = 0
 try:
@@ -432,24 +438,9 @@ def test_files_a_submission_writes_count_against_its_one_memory_limit(tmp_path):
     """wanda fills her course folder (the kernel's working folder), xena the sandbox's /tmp: 8 GiB each
     against a 3 GiB limit.  Both are stopped at the limit, nothing of it reaches the disk or stays in
     memory afterwards, and the tasks recorded before count."""
-    probe = ControlGroup.create(f"icl-course-test-{os.getpid()}", 2**30, 16)
-    if probe is None:
-        pytest.skip(f"no control group can be made here: {ControlGroup.problem}")
-    probe.close()
-    solutions = tmp_path / "solutions"
-    solutions.mkdir()
-    shutil.copy(ROOT / "solutions" / f"{CHAPTER}.ipynb", solutions)
-    exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
-    full = answered(exercise, nbformat.read(solutions / f"{CHAPTER}.ipynb", as_version=4), range(1, 6))
-    (tmp_path / "class").mkdir()
-    for name, folder in (("wanda", "."), ("xena", "/tmp")):
-        attack = FILLER.replace("{folder!r}", repr(folder)).replace("{{index}}", "{index}")
-        notebook = with_answer(full, 5, attack + find_cell(full, "task5_answer").source)
-        (tmp_path / "class" / f"{name}_01.ipynb").write_text(json.dumps(notebook))
     before = {path.name for path in Path("/dev/shm").glob("icl-course-*")}
-    found = {submission.student: submission for submission in
-             grade(tmp_path / "class", tmp_path / "out", solutions=solutions, memory_gib=3, progress=False,
-                   sandbox=True)}
+    found = grade_attacks(tmp_path, {"wanda": (5, FILLER.format(folder=".")),
+                                     "xena": (5, FILLER.format(folder="/tmp"))})
     for name in ("wanda", "xena"):
         submission = found[name]
         assert submission.status.startswith("the submission reached its memory limit (3 GiB"), (name, submission.status)
