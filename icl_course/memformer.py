@@ -416,14 +416,34 @@ def rescore_experiments(path=PRETRAINED, device="auto") -> dict:
 
 
 def load_experiments(path=PRETRAINED) -> dict:
-    """The shipped results of :func:`run_experiments` (weights and scores)."""
-    return torch.load(path, weights_only=False)
+    """The shipped results of :func:`run_experiments` (weights and scores), loaded as plain tensors,
+    numbers and strings (nothing in the file runs)."""
+    import pathlib
+
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no chapter 5 results at {path}: make them with `{COMMAND.split('#')[0].strip()} "
+                                f"--out {path}`")
+    try:
+        results = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:   # torch raises several types for a truncated or foreign file
+        raise ValueError(f"{path} could not be read as chapter 5 results ({type(error).__name__}); it is damaged or "
+                         "was not made by run_experiments. Delete it, or pass --restart, to train afresh.") from None
+    if not isinstance(results, dict) or not {"recipe", "models", "losses", "heads"} <= set(results):
+        raise ValueError(f"{path} is not a file of chapter 5 results (run_experiments writes recipe, models, losses "
+                         "and heads). Delete it, or pass --restart, to train afresh.")
+    return results
 
 
 def load_model(results: dict, setting: str, rot: int, name: str, depth: int) -> Memformer:
     """A trained model of :func:`run_experiments`, rebuilt on the CPU."""
+    key = str((setting, rot, name, depth))
+    if key not in results["models"]:
+        raise KeyError(f"no trained model {key} in these results: setting 'S' or 'I', a rotation of "
+                       f"{tuple(results['recipe']['rotations'])}, a name of {list(MODELS)} and a depth of "
+                       f"{tuple(results['recipe']['depths'])}")
     model = build(name, depth, seed=rot)
-    model.load_state_dict(results["models"][str((setting, rot, name, depth))])
+    model.load_state_dict(results["models"][key])
     return model
 
 

@@ -21,7 +21,6 @@ __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditio
            "two_noise_construction", "adaptive_step_size", "best_linear_cosine"]
 
 
-
 def _second_moment(noise: NoiseLike, second_moment: float | None) -> float:
     """``E[sigma^2]`` from a noise law or given directly (never both: which would win is a guess)."""
     if second_moment is None:

@@ -147,7 +147,8 @@ def test_the_shipped_experiments_hold_every_model_at_every_depth_scored_on_enoug
     results = memformer.load_experiments()
     recipe = memformer.RECIPE
     assert results["recipe"] == recipe and recipe["depths"] == (1, 2, 3, 4, 5, 6)
-    runs = [("S", rot) for rot in recipe["rotations"]] + [("I", rot) for rot in recipe["rotations"][:2]]
+    runs = [("S", rot) for rot in recipe["rotations"]] + [("I", rot) for rot in
+                                                          recipe["rotations"][:recipe["isotropic_seeds"]]]
     expected = {str((setting, rot, name, depth)) for setting, rot in runs for name in memformer.MODELS
                 for depth in recipe["depths"]}
     assert set(results["losses"]) == expected
@@ -178,3 +179,23 @@ def test_experiments_resume_from_their_file_and_refuse_another_recipe(tmp_path, 
     monkeypatch.setattr(memformer, "RECIPE", dict(tiny, num_steps=4))
     with pytest.raises(ValueError, match="another recipe"):
         memformer.run_experiments(path, device="cpu")
+
+
+def test_missing_damaged_or_foreign_results_and_unknown_models_get_clear_messages(tmp_path):
+    from icl_course import memformer
+
+    with pytest.raises(FileNotFoundError, match="make them with `python -m icl_course.memformer --out"):
+        memformer.load_experiments(tmp_path / "nowhere.pt")
+    (tmp_path / "damaged.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="damaged or was not made by run_experiments"):
+        memformer.load_experiments(tmp_path / "damaged.pt")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
+    with pytest.raises(ValueError, match="is not a file of chapter 5 results"):
+        memformer.load_experiments(tmp_path / "foreign.pt")
+    (tmp_path / "damaged.pt").write_bytes(b"not a torch file")
+    with pytest.raises(ValueError, match="damaged or was not made by run_experiments"):
+        memformer.run_experiments(tmp_path / "damaged.pt", device="cpu")
+    results = memformer.load_experiments()
+    with pytest.raises(KeyError, match="no trained model .* a depth of \\(1, 2, 3, 4, 5, 6\\)"):
+        memformer.load_model(results, "S", 0, "CGD-like + A_l", 7)
+    assert memformer.load_model(results, "S", 0, "CGD-like + A_l", 6).num_layers == 6
