@@ -23,7 +23,7 @@ def seconds_per_step(variant: str, depth: int, steps: int, device, budget) -> fl
     settings = budget.settings(depth)
     specs = [ModelSpec(f"{column}-{seed}", column_noise(column), seed=seed, num_steps=steps,
                        learning_rate=settings["learning_rate"], warmup_steps=0)
-             for column in COLUMNS for seed in budget.seeds]
+             for column in COLUMNS for seed in budget.seeds_at(depth)]
     run = lambda count: train_sweep(  # noqa: E731
         [ModelSpec(spec.name, spec.noise, spec.seed, count, spec.learning_rate) for spec in specs],
         d=10, n=20, num_layers=depth, parameterization=variant, batch_size=budget.batch_size,
@@ -52,7 +52,7 @@ def main() -> None:
         for depth in arguments.depths:
             measured[variant, depth] = seconds_per_step(variant, depth, arguments.steps, device, budget)
             print(f"{variant:5s} {depth} layers: {1000 * measured[variant, depth]:.2f} ms per step "
-                  f"({len(COLUMNS) * len(budget.seeds)} models)", flush=True)
+                  f"({len(COLUMNS) * len(budget.seeds_at(depth))} models)", flush=True)
     # linear in depth between the measured depths (a step is a loop over layers)
     total = 0.0
     for variant in VARIANTS:

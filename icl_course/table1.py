@@ -133,7 +133,7 @@ class Budget:
     steps: object                 # optimiser steps per model
     learning_rate: object         # Adam's base rate
     batch_size: int = 2048
-    seeds: tuple = (0,)
+    seeds: object = (0,)          # model seeds per cell; the best on the tuning sample is kept
     warmup_steps: object = 0
     schedule: str = "cosine"
     final_fraction: float = 0.0   # the cosine ends at this fraction of the base rate
@@ -153,12 +153,18 @@ class Budget:
                 "warmup_steps": int(_per_depth(self.warmup_steps, depth)),
                 "dtype": str(_per_depth(self.dtype, depth))}
 
+    def seeds_at(self, depth: int) -> tuple:
+        """The seeds trained for every cell of ``depth``."""
+        return tuple(_per_depth(self.seeds, depth))
+
     def as_dict(self) -> dict:
         data = asdict(self)
-        for key in ("steps", "learning_rate", "warmup_steps", "dtype"):
+        for key in ("steps", "learning_rate", "warmup_steps", "dtype", "seeds"):
             if isinstance(data[key], dict):
                 data[key] = {str(depth): value for depth, value in data[key].items()}
-        data["depths"], data["seeds"] = list(self.depths), list(self.seeds)
+        data["depths"] = list(self.depths)
+        data["seeds"] = ({depth: list(seeds) for depth, seeds in data["seeds"].items()}
+                         if isinstance(data["seeds"], dict) else list(self.seeds))
         return data
 
 
@@ -169,10 +175,11 @@ BUDGETS = {
         checkpoint_every=100,
         description="a pipeline check for CI (minutes): small batches, few steps, 20 000 evaluation tasks"),
     "cpu": Budget(
-        "cpu", depths=(1, 2, 3), steps={1: 1000, 2: 3000, 3: 6000}, learning_rate={1: 1e-2, 2: 5e-3, 3: 2e-3},
-        batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500}, final_fraction=0.01, dtype="float32",
+        "cpu", depths=(1, 2, 3), steps={1: 1000, 2: 3000, 3: 5000}, learning_rate={1: 1e-2, 2: 1e-2, 3: 5e-3},
+        seeds={1: (0,), 2: (0,), 3: (0, 1)}, batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500},
+        final_fraction=0.01, dtype="float32", init_from_shallower=False,
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, checkpoint_every=500,
-        description="depths 1-3 on a laptop CPU, the recipe of benchmarks/README.md"),
+        description="depths 1-3 on a 2-core CPU in under an hour, the recipe of benchmarks/README.md"),
     "gpu": Budget(
         "gpu", depths=(1, 2, 3, 4, 5, 6, 7), seeds=(0, 1),
         steps={1: 2000, 2: 6000, 3: 12000, 4: 12000, 5: 12000, 6: 12000, 7: 12000},
@@ -284,7 +291,7 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
             settings = budget.settings(depth)
             specs, paths, spec_columns = [], {}, {}
             for column in columns:
-                for seed in budget.seeds:
+                for seed in budget.seeds_at(depth):
                     name = _model_name(variant, depth, column, seed)
                     init = None
                     shallower = _model_name(variant, depth - 1, column, seed)
@@ -569,7 +576,7 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
     chosen = BUDGETS[budget]
     depths = []
     for depth in chosen.depths:
-        names = [f"{_model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in chosen.seeds]
+        names = [f"{_model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in chosen.seeds_at(depth)]
         if not all(name in models for name in names):
             break
         depths.append(depth)
@@ -580,7 +587,7 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
               "columns": list(COLUMNS), "d": D, "n": N}
     _prepare_out(out, config)
     for depth in depths:
-        for name in (f"{_model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in chosen.seeds):
+        for name in (f"{_model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in chosen.seeds_at(depth)):
             shutil.copy2(models[name], out / "models" / name)
     return tuple(depths)
 

@@ -168,7 +168,7 @@ def test_merge_runs_gathers_the_depths_every_run_finished(tmp_path):
                 for column in COLUMNS:
                     if (depth, variant, column) == (3, variants[0], COLUMNS[-1]):
                         continue                     # one model of depth 3 never finished
-                    name = table1._model_name(variant, depth, column, budget.seeds[0])
+                    name = table1._model_name(variant, depth, column, budget.seeds_at(depth)[0])
                     (folder / "models" / f"{name}.pt").write_bytes(name.encode())
     out = tmp_path / "merged"
     assert merge_runs(folders, out, "quick") == (1, 2)
