@@ -46,7 +46,7 @@ from .models import LinearTransformer
 from .runtime import resolve_device
 from .sweep import ModelSpec, train_sweep
 
-__all__ = ["PAPER", "PAPER_BASELINES", "COLUMNS", "VARIANTS", "BUDGETS", "Budget", "Table1Error",
+__all__ = ["PAPER", "PAPER_BASELINES", "COLUMNS", "VARIANTS", "BUDGETS", "SHIPPED", "Budget", "Table1Error",
            "column_noise", "run_table1", "merge_runs", "load_results", "load_table1_model", "markdown_table",
            "plot_table1", "main"]
 
@@ -587,7 +587,8 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
               "columns": list(COLUMNS), "d": D, "n": N}
     _prepare_out(out, config)
     for depth in depths:
-        for name in (f"{_model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in chosen.seeds_at(depth)):
+        seeds = chosen.seeds_at(depth)
+        for name in (f"{_model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in seeds):
             shutil.copy2(models[name], out / "models" / name)
     return tuple(depths)
 
@@ -657,21 +658,33 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
     return rows
 
 
+#: the runs shipped with the package: budget -> folder (each has a README with the command that made it)
+SHIPPED = {"gpu": Path(__file__).parent / "pretrained" / "table1",
+           "cpu": Path(__file__).parent / "pretrained" / "table1_cpu"}
+
+
+def _shipped_or_path(path, file_name: str) -> Path:
+    if path is None or path in SHIPPED:
+        return SHIPPED[path or "gpu"] / file_name
+    path = Path(path)
+    return path / file_name if path.is_dir() else path
+
+
 def load_results(path=None) -> list[dict]:
-    """The rows of a ``results.json`` (default: the results shipped with the package)."""
-    path = Path(path) if path is not None else Path(__file__).parent / "pretrained" / "table1" / "results.json"
-    if path.is_dir():
-        path = path / "results.json"
+    """The rows of a ``results.json``: of a run's folder or file, or of a shipped run, ``"gpu"`` (the
+    default; depths 1-5) or ``"cpu"`` (depths 1-3, this package's ``cpu`` budget)."""
+    path = _shipped_or_path(path, "results.json")
     if not path.exists():
         raise FileNotFoundError(f"no Table 1 results at {path}; run `icl-course table1 --out DIR` first")
     return json.loads(path.read_text())["rows"]
 
 
 def load_table1_model(variant: str, depth: int, column: str, path=None) -> LinearTransformer:
-    """A trained Table 1 model (default: from the package's shipped ``models.pt``)."""
-    path = Path(path) if path is not None else Path(__file__).parent / "pretrained" / "table1" / "models.pt"
-    if path.is_dir():
-        path = path / "models.pt"
+    """The model selected for one cell of a run (``path`` as in :func:`load_results`; default: the
+    shipped ``"gpu"`` run)."""
+    path = _shipped_or_path(path, "models.pt")
+    if not path.exists():
+        raise FileNotFoundError(f"no Table 1 models at {path}; run `icl-course table1 --out DIR` first")
     bundle = torch.load(path, map_location="cpu", weights_only=True)["models"]
     prefix = _model_name(variant, depth, column, 0).rsplit("-s", 1)[0] + "-s"
     matches = [name for name in bundle if name.startswith(prefix)]
