@@ -626,6 +626,12 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
             if depth not in range(1, 8):
                 raise Table1Error(f"depth must be 1..7, got {depth!r}")
         budget = replace(budget, depths=tuple(sorted(set(depths))))
+    for depth in budget.depths:
+        try:
+            budget.settings(depth), budget.seeds_at(depth)
+        except (KeyError, TypeError, ValueError):
+            raise Table1Error(f"the budget's per-depth settings (steps, learning_rate, warmup_steps, dtype, seeds) "
+                              f"give no value for depth {depth}; add it, or leave that depth out") from None
     try:
         device = resolve_device(device)
     except ValueError as error:
@@ -665,27 +671,40 @@ SHIPPED = {"gpu": Path(__file__).parent / "pretrained" / "table1",
 
 def _shipped_or_path(path, file_name: str) -> Path:
     if path is None or path in SHIPPED:
-        return SHIPPED[path or "gpu"] / file_name
-    path = Path(path)
-    return path / file_name if path.is_dir() else path
+        path = SHIPPED[path or "gpu"] / file_name
+    else:
+        path = Path(path)
+        path = path / file_name if path.is_dir() else path
+    if not path.exists():
+        raise FileNotFoundError(f"no Table 1 {file_name} at {path}; pass the --out folder of an "
+                                f"`icl-course table1` run, or a shipped run: {', '.join(map(repr, SHIPPED))}")
+    return path
+
+
+def _damaged(path: Path) -> Table1Error:
+    return Table1Error(f"{path} could not be read: it is damaged or was not written by `icl-course table1`. "
+                       "Run the same command again with its --out to rewrite it (finished models are kept), or "
+                       "reinstall the package if it is a shipped run.")
 
 
 def load_results(path=None) -> list[dict]:
     """The rows of a ``results.json``: of a run's folder or file, or of a shipped run, ``"gpu"`` (the
     default; depths 1-5) or ``"cpu"`` (depths 1-3, this package's ``cpu`` budget)."""
     path = _shipped_or_path(path, "results.json")
-    if not path.exists():
-        raise FileNotFoundError(f"no Table 1 results at {path}; run `icl-course table1 --out DIR` first")
-    return json.loads(path.read_text())["rows"]
+    try:
+        return json.loads(path.read_text())["rows"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise _damaged(path) from None
 
 
 def load_table1_model(variant: str, depth: int, column: str, path=None) -> LinearTransformer:
     """The model selected for one cell of a run (``path`` as in :func:`load_results`; default: the
     shipped ``"gpu"`` run)."""
     path = _shipped_or_path(path, "models.pt")
-    if not path.exists():
-        raise FileNotFoundError(f"no Table 1 models at {path}; run `icl-course table1 --out DIR` first")
-    bundle = torch.load(path, map_location="cpu", weights_only=True)["models"]
+    try:
+        bundle = torch.load(path, map_location="cpu", weights_only=True)["models"]
+    except Exception:   # torch raises several types for a truncated or foreign file
+        raise _damaged(path) from None
     prefix = _model_name(variant, depth, column, 0).rsplit("-s", 1)[0] + "-s"
     matches = [name for name in bundle if name.startswith(prefix)]
     if not matches:

@@ -4,8 +4,9 @@ import json
 import pytest
 import torch
 
-from icl_course import table1
+from icl_course import RegressionTasks, table1
 from icl_course.__main__ import main as cli
+from icl_course.evaluate import adjusted_loss
 from icl_course.table1 import (
     BUDGETS,
     COLUMNS,
@@ -182,7 +183,11 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
                       ("diag", 3): 1, ("full", 1): 10, ("full", 2): 6, ("full", 3): 2}
     model = load_table1_model("full", 3, "{1,3}", "cpu")
     assert model.config["num_layers"] == 3 and model.config["parameterization"] == "full"
-    assert load_table1_model("diag", 1, "0", "cpu") is not None
+    # the shipped model of a cell is the one that was scored: rescored on fresh tasks, it agrees
+    row = cells["diag", 2, "5"]
+    sampler = RegressionTasks(10, 20, table1.column_noise("5"), dtype=torch.float64)
+    rescored = adjusted_loss(load_table1_model("diag", 2, "5", "cpu").double(), sampler, num_tasks=20_000, seed=11)
+    assert abs(rescored.mean - row["adjusted_loss"]) <= 4 * (rescored.stderr + row["stderr"]), (rescored, row)
 
 
 def test_seeds_can_differ_by_depth(tmp_path):
@@ -195,7 +200,28 @@ def test_seeds_can_differ_by_depth(tmp_path):
         "diag-L1-u1-s0", "diag-L2-u1-s0", "diag-L2-u1-s1"]
     assert {row["seed"] for row in rows if row["depth"] == 2} <= {0, 1}
     # the same run again is recognised as the same configuration, and trains nothing
+    written = {path.name: path.stat().st_mtime_ns for path in (tmp_path / "run" / "models").iterdir()}
     assert run_table1(tmp_path / "run", "quick", device="cpu", variants=["diag"], **options) == rows
+    assert {path.name: path.stat().st_mtime_ns for path in (tmp_path / "run" / "models").iterdir()} == written
+    # per-depth settings that leave a depth out are refused before anything is written
+    with pytest.raises(Table1Error, match="give no value for depth 2"):
+        run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, seeds={1: (0,)}))
+    assert not (tmp_path / "other").exists()
+
+
+def test_missing_or_damaged_results_and_models_get_clear_messages(tmp_path):
+    with pytest.raises(FileNotFoundError, match="or a shipped run: 'gpu', 'cpu'"):
+        load_results("tpu")
+    with pytest.raises(FileNotFoundError, match="no Table 1 models.pt"):
+        load_table1_model("diag", 2, "5", tmp_path)
+    (tmp_path / "results.json").write_text('{"rows": [')
+    (tmp_path / "models.pt").write_bytes(b"not a torch file")
+    with pytest.raises(Table1Error, match="damaged or was not written by `icl-course table1`"):
+        load_results(tmp_path)
+    with pytest.raises(Table1Error, match="damaged or was not written by `icl-course table1`"):
+        load_table1_model("diag", 2, "5", tmp_path)
+    with pytest.raises(KeyError, match="no diag model of 7 layers"):
+        load_table1_model("diag", 7, "5", "cpu")
 
 
 def test_the_table_writes_heavy_tailed_cells_in_one_short_word():
