@@ -46,6 +46,7 @@ __all__ = [
     "gd_construction",
     "diagonal_construction",
     "build_model",
+    "widen",
 ]
 
 PARAMETERIZATIONS = ("full", "diag", "gdpp", "gd")
@@ -351,6 +352,38 @@ def build_model(config: dict, device: str | torch.device = "auto") -> LinearTran
     if unknown:
         raise ValueError(f"unknown model configuration keys {sorted(unknown)}; expected {sorted(known)}")
     return LinearTransformer(**config, device=device)
+
+
+#: each parameterisation holds the one before it: GD++ is Diag with ``q_y = 0``, Diag is Full with
+#: diagonal blocks ``P = diag(p_x I, p_y)``, ``Q = diag(q_x I, q_y)``
+NESTED = ("gdpp", "diag", "full")
+
+
+def widen(model: LinearTransformer, parameterization: str) -> LinearTransformer:
+    """The same function in a larger parameterisation (``gdpp`` -> ``diag`` -> ``full``).
+
+    The returned model computes exactly what ``model`` computes (to rounding) and has the same
+    shape, dtype and device; training it can then use the freedom the smaller one lacked
+    (Vladymyrov et al. 2024, section 5: Diag adds the ``w_xy``/``w_yy`` terms GD++ lacks).
+    """
+    source = model.config["parameterization"]
+    if source not in NESTED or parameterization not in NESTED \
+            or NESTED.index(parameterization) < NESTED.index(source):
+        raise ValueError(f"a {source!r} model cannot be widened to {parameterization!r}; "
+                         f"each of {' -> '.join(NESTED)} holds only the ones before it")
+    config = dict(model.config, parameterization=parameterization, init_scale=0.0)
+    wide = LinearTransformer(**config, device=model.device)
+    with torch.no_grad():
+        for small, big in zip(model.layers, wide.layers):
+            if parameterization == "full":
+                P, Q = small.head_matrices()
+                big.P.copy_(P)
+                big.Q.copy_(Q)
+            else:
+                big.p.copy_(small.p)
+                q_y = [torch.zeros_like(small.q)] if source != parameterization else []   # GD++: q_y = 0
+                big.q.copy_(torch.cat([small.q] + q_y, -1))
+    return wide
 
 
 def gd_construction(d: int, n: int, eta: float, num_layers: int = 1, preconditioner=None,

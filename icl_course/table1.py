@@ -10,7 +10,11 @@ What :func:`run_table1` does, and what it writes under ``out``:
 
 1. trains every (variant, depth, column, seed) model of the budget with :func:`~icl_course.sweep.train_sweep`
    (one stack per variant and depth; a deeper model may start from the trained shallower one with a
-   fresh last layer); each model is saved under ``models/`` the moment it finishes;
+   fresh last layer); each model is saved under ``models/`` the moment it finishes.  A depth with
+   ``unclipped_steps`` then goes on without gradient clipping or the spike rule at a low constant rate,
+   the phase that removes the heavy tails of deep models (clipping mutes the rare ill-conditioned tasks
+   whose gradient would tame them); with ``nested_init``, Diag instead starts from the trained GD++
+   model of its cell and Full from Diag (:func:`~icl_course.models.widen`), and trains only that phase;
 2. tunes ConstRR and TunedRR on one sample per column, keeps the best seed of each cell on that
    sample, and scores models and baselines on a fresh sample, paired with the oracle on the very
    same tasks (``evaluation/``), in chunks;
@@ -42,7 +46,7 @@ from .baselines import AdaRR, ConstRR, TunedRR
 from .checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from .data import CategoricalNoise, RegressionTasks, UniformNoise
 from .evaluate import adjusted_losses
-from .models import LinearTransformer
+from .models import NESTED, LinearTransformer, widen
 from .runtime import resolve_device
 from .sweep import ModelSpec, train_sweep
 
@@ -140,6 +144,9 @@ class Budget:
     clip_norm: Optional[float] = 1.0
     dtype: object = "float32"
     init_from_shallower: bool = True
+    unclipped_steps: object = 0   # a last phase without clipping or the spike rule, for heavy tails ...
+    unclipped_learning_rate: float = 1e-4   # ... at this constant rate (benchmarks/README.md)
+    nested_init: object = False   # Diag starts from the trained GD++ of its cell, Full from Diag (unclipped only)
     tuning_tasks: int = 100_000   # tunes the baselines and picks the best seed
     eval_tasks: int = 100_000     # scores everything, for columns whose models are all shallower than 3
     eval_tasks_deep: int = 1_000_000   # ... and for columns with a model of 3 layers or more
@@ -151,7 +158,9 @@ class Budget:
         return {"steps": int(_per_depth(self.steps, depth)),
                 "learning_rate": float(_per_depth(self.learning_rate, depth)),
                 "warmup_steps": int(_per_depth(self.warmup_steps, depth)),
-                "dtype": str(_per_depth(self.dtype, depth))}
+                "dtype": str(_per_depth(self.dtype, depth)),
+                "unclipped_steps": int(_per_depth(self.unclipped_steps, depth)),
+                "nested_init": bool(_per_depth(self.nested_init, depth))}
 
     def seeds_at(self, depth: int) -> tuple:
         """The seeds trained for every cell of ``depth``."""
@@ -159,7 +168,7 @@ class Budget:
 
     def as_dict(self) -> dict:
         data = asdict(self)
-        for key in ("steps", "learning_rate", "warmup_steps", "dtype", "seeds"):
+        for key in ("steps", "learning_rate", "warmup_steps", "dtype", "seeds", "unclipped_steps", "nested_init"):
             if isinstance(data[key], dict):
                 data[key] = {str(depth): value for depth, value in data[key].items()}
         data["depths"] = list(self.depths)
@@ -176,9 +185,10 @@ BUDGETS = {
         description="a pipeline check for CI (minutes): small batches, few steps, 20 000 evaluation tasks"),
     "cpu": Budget(
         "cpu", depths=(1, 2, 3), steps={1: 1000, 2: 3000, 3: 5000}, learning_rate={1: 1e-2, 2: 1e-2, 3: 5e-3},
-        seeds={1: (0,), 2: (0,), 3: (0, 1)}, batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500},
+        seeds={1: (0,), 2: (0, 1), 3: (0, 1)}, batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500},
         final_fraction=0.01, dtype="float32", init_from_shallower=False,
-        tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, checkpoint_every=500,
+        unclipped_steps={1: 0, 2: 0, 3: 3000}, unclipped_learning_rate=1e-4, nested_init={1: False, 2: False, 3: True},
+        tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
         description="depths 1-3 on a 2-core CPU in under an hour, the recipe of benchmarks/README.md"),
     "gpu": Budget(
         "gpu", depths=(1, 2, 3, 4, 5, 6, 7), seeds=(0, 1),
@@ -278,81 +288,144 @@ def _grown(model: LinearTransformer, seed: int, init_scale: float = 0.02) -> Lin
 
 
 def _train_all(out: Path, budget: Budget, variants, columns, device, progress, log) -> dict:
-    """Train every model not yet on disk; returns {model name: info dict}."""
+    """Train every model not yet on disk; returns {model name: info dict}.
+
+    A depth with ``unclipped_steps`` trains in two phases: the clipped phase writes
+    ``models/NAME.clipped.pt``, and the unclipped phase continues from it into ``models/NAME.pt``.
+    Either phase resumes from its own sweep checkpoint.
+    """
     infos = {}
     stacks = [(depth, variant) for depth in budget.depths for variant in variants]
-    total = sum(budget.settings(depth)["steps"] for depth, _ in stacks)
+    total = sum(budget.settings(depth)["steps"] + budget.settings(depth)["unclipped_steps"] for depth, _ in stacks)
     bar = None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=total, desc="Table 1", dynamic_ncols=True, unit="step")
+
+    def train_stack(specs, paths, depth, variant, settings, phase, finish):
+        """One sweep: ``specs`` trained as one stack; ``finish(result, spec)`` writes each model that leaves."""
+        unclipped = phase == "unclipped"
+        label = f"{VARIANTS[variant]} L={depth}{', unclipped' if unclipped else ''}"
+        started = time.perf_counter()
+        sweep_file = out / "sweeps" / f"{variant}-L{depth}{'-unclipped' if unclipped else ''}.pt"
+        last = [0]
+
+        def saved(result):
+            try:
+                finish(result, next(spec for spec in specs if spec.name == result.name))
+            except OSError as error:
+                raise Table1Error(f"could not write {paths[result.name]} ({error.strerror or error}); "
+                                  "finished models are kept. Free some disk space and rerun to resume.") from None
+
+        def report(step, losses):
+            if bar is not None:
+                bar.update(step - last[0])
+                last[0] = step
+                shown = " ".join(f"{value:.3g}" for value in list(losses.values())[:5])
+                bar.set_postfix_str(f"{label}, {len(losses)} in flight, loss {shown}")
+
+        # a sweep checkpoint written for another selection of models is stale: start that stack over
+        try:
+            train_sweep(specs, d=D, n=N, num_layers=depth, parameterization=variant,
+                        batch_size=budget.batch_size, clip_norm=None if unclipped else budget.clip_norm,
+                        spike_factor=math.inf if unclipped else 100.0,
+                        final_fraction=budget.final_fraction, dtype=settings["dtype"], device=device,
+                        seed=1000 * depth + sorted(VARIANTS).index(variant) + (500 if unclipped else 0),
+                        checkpoint=sweep_file, checkpoint_every=budget.checkpoint_every,
+                        log_every=50, progress=report, on_leave=saved)
+        except OSError as error:
+            raise Table1Error(f"could not write the sweep checkpoint {sweep_file} "
+                              f"({error.strerror or error}); finished models are kept. Free some disk "
+                              "space and rerun to resume.") from None
+        if sweep_file.exists():
+            sweep_file.unlink()
+        log(f"trained {label}: {len(specs)} models in {time.perf_counter() - started:.0f} s")
+        return last[0]
+
     try:
         for depth, variant in stacks:
             settings = budget.settings(depth)
-            specs, paths, spec_columns = [], {}, {}
+            two_phases = settings["unclipped_steps"] > 0
+            specs, paths, first_paths, spec_columns, nested = [], {}, {}, {}, {}
             for column in columns:
                 for seed in budget.seeds_at(depth):
                     name = _model_name(variant, depth, column, seed)
+                    spec_columns[name] = column
+                    paths[name] = out / "models" / f"{name}.pt"
+                    first_paths[name] = out / "models" / f"{name}.clipped.pt" if two_phases else paths[name]
+                    position = NESTED.index(variant)
+                    source = _model_name(NESTED[position - 1], depth, column, seed) if position else None
+                    if settings["nested_init"] and source in infos and infos[source]["status"] == "finished":
+                        # the smaller model's function, then only the unclipped phase (benchmarks/README.md)
+                        nested[name] = ModelSpec(name, column_noise(column), seed=seed,
+                                                 num_steps=settings["unclipped_steps"],
+                                                 learning_rate=budget.unclipped_learning_rate, schedule="constant",
+                                                 init=widen(infos[source]["model"], variant))
+                        specs.append(nested[name])
+                        continue
                     init = None
                     shallower = _model_name(variant, depth - 1, column, seed)
                     if budget.init_from_shallower and depth > 1 and shallower in infos \
                             and infos[shallower]["status"] == "finished":
                         init = _grown(infos[shallower]["model"], seed)
-                    spec = ModelSpec(name, column_noise(column), seed=seed, num_steps=settings["steps"],
-                                     learning_rate=settings["learning_rate"], warmup_steps=settings["warmup_steps"],
-                                     schedule=budget.schedule, init=init)
-                    specs.append(spec)
-                    spec_columns[name] = column
-                    paths[name] = out / "models" / f"{name}.pt"
-            missing = [spec for spec in specs if not paths[spec.name].exists()]
-            label = f"{VARIANTS[variant]} L={depth}"
-            if missing:
-                started = time.perf_counter()
-                sweep_file = out / "sweeps" / f"{variant}-L{depth}.pt"
+                    specs.append(ModelSpec(name, column_noise(column), seed=seed, num_steps=settings["steps"],
+                                           learning_rate=settings["learning_rate"],
+                                           warmup_steps=settings["warmup_steps"], schedule=budget.schedule,
+                                           init=init))
 
-                def saved(result, specs=specs, depth=depth, variant=variant):
-                    spec = next(s for s in specs if s.name == result.name)
-                    metadata = {"spec": spec.key(), "status": result.status, "steps": result.steps,
-                                "final_loss": result.final_loss, "wall_time": result.wall_time,
-                                "skipped_steps": result.skipped_steps, "message": result.message,
-                                "budget": budget.name, "device": str(device), "dtype": settings["dtype"],
-                                "command": f"icl-course table1 --budget {budget.name}",
-                                "history": result.history}
-                    try:
+            def metadata_of(result, spec):
+                return {"spec": spec.key(), "status": result.status, "steps": result.steps,
+                        "final_loss": result.final_loss, "wall_time": result.wall_time,
+                        "skipped_steps": result.skipped_steps, "message": result.message,
+                        "budget": budget.name, "device": str(device), "dtype": settings["dtype"],
+                        "command": f"icl-course table1 --budget {budget.name}", "history": result.history}
+
+            def finish_clipped(result, spec):
+                save_checkpoint(first_paths[result.name], result.model, metadata=metadata_of(result, spec))
+
+            missing = [spec for spec in specs if spec.name not in nested and not paths[spec.name].exists()
+                       and not first_paths[spec.name].exists()]
+            done = train_stack(missing, first_paths, depth, variant, settings, "clipped", finish_clipped) \
+                if missing else 0
+            if bar is not None:
+                bar.update(settings["steps"] - done)
+            if two_phases:
+                first = {spec.name: _load_trained(first_paths[spec.name], variant, depth, spec.key())
+                         for spec in specs if spec.name not in nested and not paths[spec.name].exists()}
+                second = [spec for spec in specs if spec.name in nested and not paths[spec.name].exists()]
+                for spec in specs:
+                    if spec.name not in first:
+                        continue
+                    model, metadata = first[spec.name]
+                    if metadata["status"] != "finished":   # nothing to polish: it goes on as it is
+                        save_checkpoint(paths[spec.name], model, metadata=metadata)
+                        continue
+                    second.append(ModelSpec(spec.name, spec.noise, seed=spec.seed,
+                                            num_steps=settings["unclipped_steps"],
+                                            learning_rate=budget.unclipped_learning_rate, schedule="constant",
+                                            init=model))
+
+                def finish_unclipped(result, spec, first=first, nested=nested):
+                    if result.name in nested:
+                        source = NESTED[NESTED.index(variant) - 1]
+                        metadata = dict(metadata_of(result, spec), widened_from=_model_name(
+                            source, depth, spec_columns[result.name], spec.seed))
                         save_checkpoint(paths[result.name], result.model, metadata=metadata)
-                    except OSError as error:
-                        raise Table1Error(f"could not write {paths[result.name]} ({error.strerror or error}); "
-                                          "finished models are kept. Free some disk space and rerun to "
-                                          "resume.") from None
+                        return
+                    metadata = dict(first[result.name][1])
+                    offset = metadata["steps"]
+                    metadata.update(
+                        status=result.status, steps=offset + result.steps, final_loss=result.final_loss,
+                        wall_time=metadata["wall_time"] + result.wall_time, message=result.message,
+                        unclipped={"steps": result.steps, "learning_rate": budget.unclipped_learning_rate,
+                                   "clipped_final_loss": metadata["final_loss"]},
+                        history=metadata["history"] + [[offset + step, value] for step, value in result.history])
+                    save_checkpoint(paths[result.name], result.model, metadata=metadata)
 
-                last = [0]
-
-                def report(step, losses, label=label):
-                    if bar is not None:
-                        bar.update(step - last[0])
-                        last[0] = step
-                        shown = " ".join(f"{value:.3g}" for value in list(losses.values())[:5])
-                        bar.set_postfix_str(f"{label}, {len(losses)} in flight, loss {shown}")
-
-                # a sweep checkpoint written for another selection of models is stale: start that stack over
-                try:
-                    train_sweep(specs, d=D, n=N, num_layers=depth, parameterization=variant,
-                                batch_size=budget.batch_size, clip_norm=budget.clip_norm,
-                                final_fraction=budget.final_fraction, dtype=settings["dtype"], device=device,
-                                seed=1000 * depth + sorted(VARIANTS).index(variant),
-                                checkpoint=sweep_file, checkpoint_every=budget.checkpoint_every,
-                                log_every=50, progress=report, on_leave=saved)
-                except OSError as error:
-                    raise Table1Error(f"could not write the sweep checkpoint {sweep_file} "
-                                      f"({error.strerror or error}); finished models are kept. Free some disk "
-                                      "space and rerun to resume.") from None
+                done = train_stack(second, paths, depth, variant, settings, "unclipped", finish_unclipped) \
+                    if second else 0
                 if bar is not None:
-                    bar.update(settings["steps"] - last[0])
-                if sweep_file.exists():
-                    sweep_file.unlink()
-                log(f"trained {label}: {len(missing)} models in {time.perf_counter() - started:.0f} s")
-            elif bar is not None:
-                bar.update(settings["steps"])
+                    bar.update(settings["unclipped_steps"] - done)
             for spec in specs:
                 model, metadata = _load_trained(paths[spec.name], variant, depth, spec.key())
                 infos[spec.name] = {"model": model, "status": metadata["status"], "metadata": metadata,
@@ -630,8 +703,12 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
         try:
             budget.settings(depth), budget.seeds_at(depth)
         except (KeyError, TypeError, ValueError):
-            raise Table1Error(f"the budget's per-depth settings (steps, learning_rate, warmup_steps, dtype, seeds) "
-                              f"give no value for depth {depth}; add it, or leave that depth out") from None
+            raise Table1Error(f"the budget's per-depth settings (steps, learning_rate, warmup_steps, dtype, seeds, "
+                              f"unclipped_steps, nested_init) give no value for depth {depth}; add it, or leave "
+                              "that depth out") from None
+        if budget.settings(depth)["nested_init"] and not budget.settings(depth)["unclipped_steps"]:
+            raise Table1Error(f"nested_init at depth {depth} trains Diag and Full only in the unclipped phase; "
+                              "give that depth unclipped_steps > 0")
     try:
         device = resolve_device(device)
     except ValueError as error:

@@ -140,3 +140,23 @@ def test_next_gram_is_the_gram_matrix_of_the_moved_tokens(float64_tasks):
         gram = next_gram(gram, layer.mixing(gram))
         context = after[:, :-1]
         torch.testing.assert_close(gram, context.transpose(1, 2) @ context, rtol=1e-12, atol=1e-12)
+
+
+def test_widen_keeps_the_function_and_frees_the_new_weights():
+    from icl_course.models import widen
+
+    batch = RegressionTasks(10, 20, 1.0, dtype=torch.float64).sample(64, torch.Generator().manual_seed(3))
+    gdpp = LinearTransformer(10, 3, 2, "gdpp", init_scale=0.3, seed=5, dtype=torch.float64)
+    diag = widen(gdpp, "diag")
+    full = widen(diag, "full")
+    for wide in (diag, full, widen(gdpp, "full"), widen(gdpp, "gdpp"), widen(diag, "diag")):
+        # the same implicit weights at every layer, to rounding
+        torch.testing.assert_close(wide(batch).layer_weights, gdpp(batch).layer_weights, rtol=1e-12, atol=1e-12)
+    assert diag.config["parameterization"] == "diag" and full.config["num_heads"] == 2
+    assert torch.equal(diag.layers[0].q[:, 1], torch.zeros(2, dtype=torch.float64))   # q_y = 0: GD++
+    # the wider model trains the weights the smaller one lacked (q_y gets a gradient)
+    loss = ((diag(batch).weights - batch.w) ** 2).sum()
+    loss.backward()
+    assert diag.layers[0].q.grad[:, 1].abs().max() > 0
+    with pytest.raises(ValueError, match="cannot be widened to 'diag'"):
+        widen(full, "diag")

@@ -1,5 +1,6 @@
 import csv
 import json
+import math
 
 import pytest
 import torch
@@ -179,8 +180,18 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
     # the README's table: cells within 10% of the paper or better, per variant and depth
     within = {(v, d): sum(cells[v, d, c]["adjusted_loss"] <= 1.1 * cells[v, d, c]["paper"] for c in COLUMNS)
               for v in PAPER for d in (1, 2, 3)}
-    assert within == {("gdpp", 1): 10, ("gdpp", 2): 8, ("gdpp", 3): 9, ("diag", 1): 10, ("diag", 2): 10,
-                      ("diag", 3): 1, ("full", 1): 10, ("full", 2): 6, ("full", 3): 2}
+    assert within == {("gdpp", 1): 10, ("gdpp", 2): 10, ("gdpp", 3): 9, ("diag", 1): 10, ("diag", 2): 10,
+                      ("diag", 3): 2, ("full", 1): 10, ("full", 2): 6, ("full", 3): 1}
+    # the README's claim for the recipe: no heavy tail left in any cell (standard error under 5% of the mean
+    # over 1 000 000 tasks); a 3-layer Diag or Full model, started from the function of GD++ and trained
+    # only downhill from there, ends no worse than that GD++ model, and better than 2 layers of its own kind
+    for (variant, depth, column), row in cells.items():
+        assert row["stderr"] <= 0.05 * row["adjusted_loss"], row
+        if depth == 3 and variant != "gdpp":
+            assert row["steps"] == BUDGETS["cpu"].settings(3)["unclipped_steps"]   # the nested start: one phase
+            start, shallower = cells["gdpp", 3, column], cells[variant, 2, column]
+            assert row["adjusted_loss"] <= start["adjusted_loss"] + 4 * (row["stderr"] + start["stderr"]), row
+            assert row["adjusted_loss"] < shallower["adjusted_loss"], row
     model = load_table1_model("full", 3, "{1,3}", "cpu")
     assert model.config["num_layers"] == 3 and model.config["parameterization"] == "full"
     # the shipped model of a cell is the one that was scored: rescored on fresh tasks, it agrees
@@ -192,7 +203,7 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
 
 def test_seeds_can_differ_by_depth(tmp_path):
     # the cpu budget gives 3 layers, whose training is less reliable, a second seed
-    assert BUDGETS["cpu"].seeds_at(2) == (0,) and BUDGETS["cpu"].seeds_at(3) == (0, 1)
+    assert BUDGETS["cpu"].seeds_at(1) == (0,) and BUDGETS["cpu"].seeds_at(3) == (0, 1)
     assert json.loads(json.dumps(BUDGETS["cpu"].as_dict())) == BUDGETS["cpu"].as_dict()
     options = dict(TINY, columns=["1"], seeds={1: (0,), 2: (0, 1)})
     rows = run_table1(tmp_path / "run", "quick", device="cpu", variants=["diag"], **options)
@@ -254,3 +265,52 @@ def test_merge_runs_gathers_the_depths_every_run_finished(tmp_path):
     assert merge_runs([tmp_path / "nowhere"], tmp_path / "empty", "quick") == ()
     with pytest.raises(Table1Error, match="unknown budget"):
         merge_runs(folders, out, "huge")
+
+
+def test_two_phases_and_nested_starts_continue_the_right_models_and_resume(tmp_path):
+    from icl_course.checkpoints import load_checkpoint
+    from icl_course.models import widen
+    from icl_course.sweep import ModelSpec, train_sweep
+
+    out = tmp_path / "run"
+    options = dict(TINY, depths=(1,), columns=["1"], seeds=(0,), unclipped_steps=15, nested_init=True)
+    rows = run_table1(out, "quick", device="cpu", **options)
+    assert sorted(path.name for path in (out / "models").iterdir()) == [
+        "diag-L1-u1-s0.pt", "full-L1-u1-s0.pt", "gdpp-L1-u1-s0.clipped.pt", "gdpp-L1-u1-s0.pt"]
+    first = load_checkpoint(out / "models" / "gdpp-L1-u1-s0.clipped.pt", device="cpu")
+    final = load_checkpoint(out / "models" / "gdpp-L1-u1-s0.pt", device="cpu")
+    # GD++ went on from its clipped phase: its record continues, 40 + 15 steps
+    assert final.metadata["steps"] == 55 and final.metadata["unclipped"]["steps"] == 15
+    assert final.metadata["history"][:len(first.metadata["history"])] == first.metadata["history"]
+    # ... and that phase is the sweep without clipping or the spike rule, from the clipped model
+    again = train_sweep([ModelSpec("again", table1.column_noise("1"), seed=0, num_steps=15, learning_rate=1e-4,
+                                   schedule="constant", init=first.model)],
+                        d=10, n=20, num_layers=1, parameterization="gdpp", batch_size=64, clip_norm=None,
+                        spike_factor=math.inf, dtype="float32", device="cpu", seed=1000 + 2 + 500, progress=False)
+    for ours, theirs in zip(final.model.parameters(), again["again"].model.parameters()):
+        assert torch.equal(ours, theirs)
+    # Diag started from GD++'s final model, Full from Diag's, each with the unclipped phase only
+    diag = load_checkpoint(out / "models" / "diag-L1-u1-s0.pt", device="cpu")
+    assert diag.metadata["widened_from"] == "gdpp-L1-u1-s0" and diag.metadata["steps"] == 15
+    again = train_sweep([ModelSpec("again", table1.column_noise("1"), seed=0, num_steps=15, learning_rate=1e-4,
+                                   schedule="constant", init=widen(final.model, "diag"))],
+                        d=10, n=20, num_layers=1, parameterization="diag", batch_size=64, clip_norm=None,
+                        spike_factor=math.inf, dtype="float32", device="cpu", seed=1000 + 0 + 500, progress=False)
+    for ours, theirs in zip(diag.model.parameters(), again["again"].model.parameters()):
+        assert torch.equal(ours, theirs)
+    assert load_checkpoint(out / "models" / "full-L1-u1-s0.pt", device="cpu").metadata["widened_from"] == \
+        "diag-L1-u1-s0"
+    assert {row["steps"] for row in rows if row["depth"] == 1} == {55, 15}
+
+    # killed between the phases: only the unclipped phase is redone, to the same weights
+    stamp = (out / "models" / "gdpp-L1-u1-s0.clipped.pt").stat().st_mtime_ns
+    for name in ("gdpp-L1-u1-s0.pt", "diag-L1-u1-s0.pt", "full-L1-u1-s0.pt"):
+        (out / "models" / name).unlink()
+    timeless = lambda table: [dict(row, wall_time_s=None) for row in table]  # noqa: E731
+    assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
+    assert (out / "models" / "gdpp-L1-u1-s0.clipped.pt").stat().st_mtime_ns == stamp
+    redone = load_checkpoint(out / "models" / "gdpp-L1-u1-s0.pt", device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(redone.model.parameters(), final.model.parameters()))
+    # a nested start needs an unclipped phase to train in
+    with pytest.raises(Table1Error, match="give that depth unclipped_steps > 0"):
+        run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, unclipped_steps=0))
