@@ -6,13 +6,16 @@ folder with a ``models.pt``) at one depth and trains, for every column and learn
 * ``continue``: the run's own Diag and Full model, further with Adam at a constant rate, no gradient
   clipping and no spike rule (every batch counts, however large its loss);
 * ``nested``: the run's GD++ model widened to Diag (``q_y = 0``), trained the same way, and that Diag
-  widened to Full, trained the same way (``icl_course.models.widen``: the same function, more freedom).
+  widened to Full, trained the same way (``icl_course.models.widen``: the same function, more freedom);
+* ``full-from-diag``: the run's Diag model widened to Full, trained the same way.
 
 Every model, the run's own included, is then scored on ``--eval-tasks`` fresh tasks paired with the
 oracle ridge, with standard errors (benchmarks/README.md has the tables):
 
     python benchmarks/unclipped_phase.py --run DIR --mode continue --steps 1000 --rates 1e-4 3e-4
     python benchmarks/unclipped_phase.py --run DIR --mode nested --steps 2000 --rates 1e-4 3e-4
+    python benchmarks/unclipped_phase.py --run cpu --mode full-from-diag --depth 2 --columns 3 4 7 "{1,3}" \
+        --steps 2000 --rates 1e-4 --eval-tasks 100000
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def _train(variant, depth, starts, args, seed):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="cpu", help="a shipped run ('cpu', 'gpu') or a table1 --out folder")
-    parser.add_argument("--mode", default="continue", choices=["continue", "nested"])
+    parser.add_argument("--mode", default="continue", choices=["continue", "nested", "full-from-diag"])
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--columns", nargs="+", default=list(COLUMNS), choices=COLUMNS)
     parser.add_argument("--steps", type=int, default=1000)
@@ -64,6 +67,9 @@ def main(argv=None):
         for variant in ("diag", "full"):
             trained[variant] = _train(variant, args.depth, {(c, r): run[variant][c] for c in args.columns
                                                             for r in args.rates}, args, seed=31)
+    elif args.mode == "full-from-diag":
+        trained["full"] = _train("full", args.depth, {(c, r): widen(run["diag"][c], "full") for c in args.columns
+                                                      for r in args.rates}, args, seed=41)
     else:
         trained["diag"] = _train("diag", args.depth, {(c, r): widen(run["gdpp"][c], "diag") for c in args.columns
                                                       for r in args.rates}, args, seed=37)
