@@ -30,7 +30,7 @@ from icl_course import RegressionTasks
 from icl_course.evaluate import adjusted_losses
 from icl_course.models import widen
 from icl_course.sweep import ModelSpec, train_sweep
-from icl_course.table1 import COLUMNS, PAPER, column_noise, load_table1_model
+from icl_course.table1 import COLUMNS, PAPER, D, N, column_noise, load_table1_model
 
 
 def _train(variant, depth, starts, args, seed):
@@ -39,7 +39,7 @@ def _train(variant, depth, starts, args, seed):
                        learning_rate=rate, schedule="constant", init=model)
              for (column, rate), model in starts.items()]
     started = time.perf_counter()
-    results = train_sweep(specs, d=10, n=20, num_layers=depth, parameterization=variant, batch_size=args.batch,
+    results = train_sweep(specs, d=D, n=N, num_layers=depth, parameterization=variant, batch_size=args.batch,
                           clip_norm=None, spike_factor=math.inf, dtype=args.dtype, device=args.device, seed=seed,
                           progress=False)
     print(f"{variant}: {len(specs)} models, {args.steps} steps in {time.perf_counter() - started:.0f} s", flush=True)
@@ -81,7 +81,7 @@ def main(argv=None):
         models = {f"{variant} run": run[variant][column] for variant in PAPER}
         for variant, models_by_key in trained.items():
             models.update({f"{variant} {rate:g}": models_by_key[(column, rate)] for rate in args.rates})
-        sampler = RegressionTasks(10, 20, column_noise(column), dtype=torch.float64, device=args.device)
+        sampler = RegressionTasks(D, N, column_noise(column), dtype=torch.float64, device=args.device)
         scores = adjusted_losses(models, sampler, num_tasks=args.eval_tasks, chunk_size=10_000, seed=900 + index)
         shown = "  ".join(f"{name}: {score.mean:.4g} ± {score.stderr:.2g} ({PAPER[name.split()[0]][args.depth][index]})"
                           for name, score in scores.items())

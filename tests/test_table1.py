@@ -202,7 +202,7 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
 
 
 def test_seeds_can_differ_by_depth(tmp_path):
-    # the cpu budget gives 3 layers, whose training is less reliable, a second seed
+    # the cpu budget gives 2 and 3 layers, whose training is less reliable, a second seed
     assert BUDGETS["cpu"].seeds_at(1) == (0,) and BUDGETS["cpu"].seeds_at(3) == (0, 1)
     assert json.loads(json.dumps(BUDGETS["cpu"].as_dict())) == BUDGETS["cpu"].as_dict()
     options = dict(TINY, columns=["1"], seeds={1: (0,), 2: (0, 1)})
@@ -314,3 +314,9 @@ def test_two_phases_and_nested_starts_continue_the_right_models_and_resume(tmp_p
     # a nested start needs an unclipped phase to train in
     with pytest.raises(Table1Error, match="give that depth unclipped_steps > 0"):
         run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, unclipped_steps=0))
+    # ... and a bad setting of the phase is refused before any training, not after the first phase
+    with pytest.raises(Table1Error, match="unclipped_learning_rate must be a positive number, got 0"):
+        run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, unclipped_learning_rate=0))
+    with pytest.raises(Table1Error, match="unclipped_steps must be 0 .* got -5 at depth 1"):
+        run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, unclipped_steps=-5))
+    assert not (tmp_path / "other").exists()
