@@ -36,12 +36,12 @@ from icl_course.table1 import COLUMNS, PAPER, D, N, column_noise, load_table1_mo
 def _train(variant, depth, starts, args, seed):
     """Continue every model of ``starts`` ({(column, rate): model}) without clipping, as one stack."""
     specs = [ModelSpec(f"{variant}|{column}|{rate:g}", column_noise(column), num_steps=args.steps,
-                       learning_rate=rate, schedule="constant", init=model)
+                       learning_rate=rate, schedule=args.schedule, init=model)
              for (column, rate), model in starts.items()]
     started = time.perf_counter()
     results = train_sweep(specs, d=D, n=N, num_layers=depth, parameterization=variant, batch_size=args.batch,
-                          clip_norm=None, spike_factor=math.inf, dtype=args.dtype, device=args.device, seed=seed,
-                          progress=False)
+                          clip_norm=None, spike_factor=math.inf, final_fraction=0.01, dtype=args.dtype,
+                          device=args.device, seed=seed, progress=False)
     print(f"{variant}: {len(specs)} models, {args.steps} steps in {time.perf_counter() - started:.0f} s", flush=True)
     return {(name.split("|")[1], float(name.split("|")[2])): result.model for name, result in results.items()}
 
@@ -55,6 +55,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--rates", nargs="+", type=float, default=[1e-4, 3e-4])
+    parser.add_argument("--schedule", default="constant", choices=["constant", "cosine"],
+                        help="the rate over the phase: constant, or a cosine from it to 1%% of it")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--eval-tasks", type=int, default=1_000_000)
     parser.add_argument("--device", default="cpu")

@@ -187,7 +187,8 @@ BUDGETS = {
         "cpu", depths=(1, 2, 3), steps={1: 1000, 2: 3000, 3: 5000}, learning_rate={1: 1e-2, 2: 1e-2, 3: 5e-3},
         seeds={1: (0,), 2: (0, 1), 3: (0, 1)}, batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500},
         final_fraction=0.01, dtype="float32", init_from_shallower=False,
-        unclipped_steps={1: 0, 2: 0, 3: 3000}, unclipped_learning_rate=1e-4, nested_init={1: False, 2: False, 3: True},
+        unclipped_steps={1: 0, 2: 2000, 3: 3000}, unclipped_learning_rate=1e-4,
+        nested_init={1: False, 2: True, 3: True},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
         description="depths 1-3 on a 2-core CPU in under an hour, the recipe of benchmarks/README.md"),
     "gpu": Budget(
@@ -296,7 +297,15 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
     """
     infos = {}
     stacks = [(depth, variant) for depth in budget.depths for variant in variants]
-    total = sum(budget.settings(depth)["steps"] + budget.settings(depth)["unclipped_steps"] for depth, _ in stacks)
+
+    def clipped_steps(depth, variant):
+        """The clipped phase the bar counts: none for a stack that starts from its smaller variant."""
+        settings = budget.settings(depth)
+        position = NESTED.index(variant)
+        widened = settings["nested_init"] and position > 0 and NESTED[position - 1] in variants
+        return 0 if widened else settings["steps"]
+
+    total = sum(clipped_steps(depth, variant) + budget.settings(depth)["unclipped_steps"] for depth, variant in stacks)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -388,7 +397,7 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
             done = train_stack(missing, first_paths, depth, variant, settings, "clipped", finish_clipped) \
                 if missing else 0
             if bar is not None:
-                bar.update(settings["steps"] - done)
+                bar.update(max(0, clipped_steps(depth, variant) - done))
             if two_phases:
                 first = {spec.name: _load_trained(first_paths[spec.name], variant, depth, spec.key())
                          for spec in specs if spec.name not in nested and not paths[spec.name].exists()}

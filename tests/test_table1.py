@@ -166,8 +166,9 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
         assert row["seed"] in BUDGETS["cpu"].seeds_at(depth)
         if depth == 1:
             assert abs(row["adjusted_loss"] - row["paper"]) <= 0.02 * row["paper"], row
-        if variant == "diag" and depth == 2:           # the README's claim: every column within 10%
-            assert abs(row["adjusted_loss"] - row["paper"]) <= 0.10 * row["paper"], row
+        if depth == 2:   # the README's claim: every 2-layer cell within 10%, but Diag at sigma_max = 1 (13%)
+            allowed = 0.13 if (variant, column) == ("diag", "1") else 0.10
+            assert abs(row["adjusted_loss"] - row["paper"]) <= allowed * row["paper"], row
     for row in (row for row in rows if row["depth"] is None):
         combined = row["stderr"] * (1 + row["num_tasks"] / 100_000) ** 0.5
         assert abs(row["adjusted_loss"] - row["paper"]) <= 4 * combined + 5e-4, row
@@ -180,15 +181,18 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
     # the README's table: cells within 10% of the paper or better, per variant and depth
     within = {(v, d): sum(cells[v, d, c]["adjusted_loss"] <= 1.1 * cells[v, d, c]["paper"] for c in COLUMNS)
               for v in PAPER for d in (1, 2, 3)}
-    assert within == {("gdpp", 1): 10, ("gdpp", 2): 10, ("gdpp", 3): 9, ("diag", 1): 10, ("diag", 2): 10,
-                      ("diag", 3): 2, ("full", 1): 10, ("full", 2): 6, ("full", 3): 1}
-    # the README's claim for the recipe: no heavy tail left in any cell (standard error under 5% of the mean
+    assert within == {("gdpp", 1): 10, ("gdpp", 2): 10, ("gdpp", 3): 9, ("diag", 1): 10, ("diag", 2): 9,
+                      ("diag", 3): 2, ("full", 1): 10, ("full", 2): 10, ("full", 3): 1}
+    # the README's claim for the recipe: no heavy tail left in any cell (standard error under 1% of the mean
     # over 1 000 000 tasks); a 3-layer Diag or Full model, started from the function of GD++ and trained
     # only downhill from there, ends no worse than that GD++ model, and better than 2 layers of its own kind
     for (variant, depth, column), row in cells.items():
-        assert row["stderr"] <= 0.05 * row["adjusted_loss"], row
+        assert row["stderr"] <= 0.01 * row["adjusted_loss"], row
+        settings = BUDGETS["cpu"].settings(depth)
+        if depth >= 2:   # GD++ trains both phases; Diag and Full start from the model below, the unclipped phase only
+            both = settings["steps"] + settings["unclipped_steps"]
+            assert row["steps"] == (both if variant == "gdpp" else settings["unclipped_steps"]), row
         if depth == 3 and variant != "gdpp":
-            assert row["steps"] == BUDGETS["cpu"].settings(3)["unclipped_steps"]   # the nested start: one phase
             start, shallower = cells["gdpp", 3, column], cells[variant, 2, column]
             assert row["adjusted_loss"] <= start["adjusted_loss"] + 4 * (row["stderr"] + start["stderr"]), row
             assert row["adjusted_loss"] < shallower["adjusted_loss"], row
@@ -320,3 +324,20 @@ def test_two_phases_and_nested_starts_continue_the_right_models_and_resume(tmp_p
     with pytest.raises(Table1Error, match="unclipped_steps must be 0 .* got -5 at depth 1"):
         run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, unclipped_steps=-5))
     assert not (tmp_path / "other").exists()
+
+
+def test_the_progress_bar_counts_only_the_steps_that_train(tmp_path, monkeypatch):
+    import tqdm.auto
+
+    bars = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    options = dict(TINY, depths=(1,), columns=["1"], seeds=(0,), unclipped_steps=15, nested_init=True, progress=True)
+    run_table1(tmp_path / "run", "quick", device="cpu", **options)
+    # GD++ trains 40 clipped and 15 unclipped steps; Diag and Full start from it and train 15 each
+    assert len(bars) == 1 and bars[0].total == 40 + 15 + 15 + 15 and bars[0].n == bars[0].total
