@@ -7,11 +7,12 @@ results shipped in ``icl_course/pretrained/table1`` were made, on one H100:
     python benchmarks/table1_parallel.py --budget gpu --out build/gpu-table --time-limit 530
 
 Each process trains one variant on half of the columns (``icl-course table1 --variants V --columns
-...``) into a folder of its own; rerunning resumes them.  Then every model of the depths that all
-processes finished is copied into ``--out`` and scored there with the ordinary command (which finds
-the models trained and only tunes, selects and evaluates).  The models are not bit-identical to a
-one-process run (the task stream of a stack depends on which models share it); the recipe, budget
-and seeds are the same.
+...``) into a folder of its own; rerunning resumes them.  A budget with nested starts (Diag from the
+trained GD++, Full from Diag: the ``cpu`` budget) keeps the three variants in one process per half.
+Then every model of the depths that all processes finished is copied into ``--out`` and scored there
+with the ordinary command (which finds the models trained and only tunes, selects and evaluates).  The
+models are not bit-identical to a one-process run (the task stream of a stack depends on which models
+share it); the recipe, budget and seeds are the same.
 """
 
 from __future__ import annotations
@@ -27,11 +28,15 @@ HALVES = {"a": COLUMNS[:5], "b": COLUMNS[5:]}
 
 
 def train_in_parallel(budget: str, work: Path, device: str, time_limit: float) -> None:
+    # a budget with nested starts trains Diag from GD++ and Full from Diag in the same folder, so its
+    # variants stay together in one process per half of the columns
+    nested = any(BUDGETS[budget].settings(depth)["nested_init"] for depth in BUDGETS[budget].depths)
+    groups = {"all": list(VARIANTS)} if nested else {variant: [variant] for variant in VARIANTS}
     processes = []
-    for variant in VARIANTS:
+    for group, variants in groups.items():
         for half, columns in HALVES.items():
             command = [sys.executable, "-m", "icl_course", "table1", "--budget", budget, "--device", device,
-                       "--variants", variant, "--columns", *columns, "--out", str(work / f"{variant}-{half}"),
+                       "--variants", *variants, "--columns", *columns, "--out", str(work / f"{group}-{half}"),
                        "--no-progress"]
             processes.append(subprocess.Popen(command))
     for process in processes:

@@ -703,6 +703,9 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
     for column in columns:
         if column not in COLUMNS:
             raise Table1Error(f"unknown column {column!r}; the columns are {', '.join(COLUMNS)}")
+    # the table's own order, whatever order they were given in: a nested start needs GD++ before Diag before Full
+    variants = [variant for variant in VARIANTS if variant in variants]
+    columns = [column for column in COLUMNS if column in columns]
     if depths is not None:
         for depth in depths:
             if depth not in range(1, 8):

@@ -326,8 +326,10 @@ def test_two_phases_and_nested_starts_continue_the_right_models_and_resume(tmp_p
     assert not (tmp_path / "other").exists()
 
 
-def test_the_progress_bar_counts_only_the_steps_that_train(tmp_path, monkeypatch):
+def test_variants_in_any_order_train_nested_and_the_bar_counts_the_steps_that_train(tmp_path, monkeypatch):
     import tqdm.auto
+
+    from icl_course.checkpoints import load_checkpoint
 
     bars = []
 
@@ -338,6 +340,9 @@ def test_the_progress_bar_counts_only_the_steps_that_train(tmp_path, monkeypatch
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
     options = dict(TINY, depths=(1,), columns=["1"], seeds=(0,), unclipped_steps=15, nested_init=True, progress=True)
-    run_table1(tmp_path / "run", "quick", device="cpu", **options)
+    run_table1(tmp_path / "run", "quick", device="cpu", variants=["full", "diag", "gdpp"], **options)
+    for variant, source in (("diag", "gdpp"), ("full", "diag")):   # the table's order, not the one given
+        metadata = load_checkpoint(tmp_path / "run" / "models" / f"{variant}-L1-u1-s0.pt", device="cpu").metadata
+        assert metadata["widened_from"] == f"{source}-L1-u1-s0"
     # GD++ trains 40 clipped and 15 unclipped steps; Diag and Full start from it and train 15 each
     assert len(bars) == 1 and bars[0].total == 40 + 15 + 15 + 15 and bars[0].n == bars[0].total
