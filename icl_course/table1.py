@@ -297,6 +297,9 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
     """
     infos = {}
     stacks = [(depth, variant) for depth in budget.depths for variant in variants]
+    # a budget changed from a named one (or made by hand) cannot be rerun by its name alone
+    command = f"icl-course table1 --budget {budget.name}" if BUDGETS.get(budget.name) == budget \
+        else f"run_table1 with the budget {budget.name!r} recorded in config.json"
 
     def clipped_steps(depth, variant):
         """The clipped phase the bar counts: none for a stack that starts from its smaller variant."""
@@ -387,7 +390,7 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
                         "final_loss": result.final_loss, "wall_time": result.wall_time,
                         "skipped_steps": result.skipped_steps, "message": result.message,
                         "budget": budget.name, "device": str(device), "dtype": settings["dtype"],
-                        "command": f"icl-course table1 --budget {budget.name}", "history": result.history}
+                        "command": command, "history": result.history}
 
             def finish_clipped(result, spec):
                 save_checkpoint(first_paths[result.name], result.model, metadata=metadata_of(result, spec))

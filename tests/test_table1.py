@@ -285,6 +285,8 @@ def test_two_phases_and_nested_starts_continue_the_right_models_and_resume(tmp_p
     final = load_checkpoint(out / "models" / "gdpp-L1-u1-s0.pt", device="cpu")
     # GD++ went on from its clipped phase: its record continues, 40 + 15 steps
     assert final.metadata["steps"] == 55 and final.metadata["unclipped"]["steps"] == 15
+    # "quick" with other settings is not what `icl-course table1 --budget quick` trains
+    assert final.metadata["command"] == "run_table1 with the budget 'quick' recorded in config.json"
     assert final.metadata["history"][:len(first.metadata["history"])] == first.metadata["history"]
     # ... and that phase is the sweep without clipping or the spike rule, from the clipped model
     again = train_sweep([ModelSpec("again", table1.column_noise("1"), seed=0, num_steps=15, learning_rate=1e-4,
