@@ -14,7 +14,8 @@ What :func:`run_table1` does, and what it writes under ``out``:
    ``unclipped_steps`` then goes on without gradient clipping or the spike rule at a low constant rate,
    the phase that removes the heavy tails of deep models (clipping mutes the rare ill-conditioned tasks
    whose gradient would tame them); with ``nested_init``, Diag instead starts from the trained GD++
-   model of its cell and Full from Diag (:func:`~icl_course.models.widen`), and trains only that phase;
+   model of its cell and Full from Diag (:func:`~icl_course.models.widen`), and trains only that phase
+   (``nested_init=("full",)`` nests Full alone: Diag then trains both phases from random weights);
 2. tunes ConstRR and TunedRR on one sample per column, keeps the best seed of each cell on that
    sample, and scores models and baselines on a fresh sample, paired with the oracle on the very
    same tasks (``evaluation/``), in chunks;
@@ -125,6 +126,16 @@ def _per_depth(value, depth: int):
     return value
 
 
+def _nested_variants(value) -> tuple:
+    """The variants that start from their smaller variant: ``True`` means Diag and Full, ``False`` none."""
+    if isinstance(value, bool):
+        return ("diag", "full") if value else ()
+    if isinstance(value, (list, tuple)) and all(variant in ("diag", "full") for variant in value):
+        return tuple(variant for variant in ("diag", "full") if variant in value)
+    raise Table1Error(f"nested_init takes True, False or a list of the variants that start from the smaller "
+                      f"one ('diag' from GD++, 'full' from Diag); got {value!r}")
+
+
 @dataclass(frozen=True)
 class Budget:
     """How much training and evaluation a run of the table gets.
@@ -146,7 +157,8 @@ class Budget:
     init_from_shallower: bool = True
     unclipped_steps: object = 0   # a last phase without clipping or the spike rule, for heavy tails ...
     unclipped_learning_rate: float = 1e-4   # ... at this constant rate (benchmarks/README.md)
-    nested_init: object = False   # Diag starts from the trained GD++ of its cell, Full from Diag (unclipped only)
+    nested_init: object = False   # True: Diag starts from the trained GD++ of its cell, Full from Diag (unclipped
+    #                               only); or the variants that do, e.g. ("full",) keeps a clipped Diag
     tuning_tasks: int = 100_000   # tunes the baselines and picks the best seed
     eval_tasks: int = 100_000     # scores everything, for columns whose models are all shallower than 3
     eval_tasks_deep: int = 1_000_000   # ... and for columns with a model of 3 layers or more
@@ -160,7 +172,7 @@ class Budget:
                 "warmup_steps": int(_per_depth(self.warmup_steps, depth)),
                 "dtype": str(_per_depth(self.dtype, depth)),
                 "unclipped_steps": int(_per_depth(self.unclipped_steps, depth)),
-                "nested_init": bool(_per_depth(self.nested_init, depth))}
+                "nested_init": _nested_variants(_per_depth(self.nested_init, depth))}
 
     def seeds_at(self, depth: int) -> tuple:
         """The seeds trained for every cell of ``depth``."""
@@ -171,6 +183,11 @@ class Budget:
         for key in ("steps", "learning_rate", "warmup_steps", "dtype", "seeds", "unclipped_steps", "nested_init"):
             if isinstance(data[key], dict):
                 data[key] = {str(depth): value for depth, value in data[key].items()}
+        if isinstance(data["nested_init"], dict):
+            data["nested_init"] = {depth: list(value) if isinstance(value, (list, tuple)) else value
+                                   for depth, value in data["nested_init"].items()}
+        elif isinstance(data["nested_init"], (list, tuple)):
+            data["nested_init"] = list(data["nested_init"])
         data["depths"] = list(self.depths)
         data["seeds"] = ({depth: list(seeds) for depth, seeds in data["seeds"].items()}
                          if isinstance(data["seeds"], dict) else list(self.seeds))
@@ -188,7 +205,7 @@ BUDGETS = {
         seeds={1: (0,), 2: (0, 1), 3: (0, 1)}, batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500},
         final_fraction=0.01, dtype="float32", init_from_shallower=False,
         unclipped_steps={1: 0, 2: 2000, 3: 3000}, unclipped_learning_rate=1e-4,
-        nested_init={1: False, 2: True, 3: True},
+        nested_init={1: False, 2: ("full",), 3: True},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
         description="depths 1-3 on a 2-core CPU in under an hour, the recipe of benchmarks/README.md"),
     "gpu": Budget(
@@ -305,7 +322,7 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
         """The clipped phase the bar counts: none for a stack that starts from its smaller variant."""
         settings = budget.settings(depth)
         position = NESTED.index(variant)
-        widened = settings["nested_init"] and position > 0 and NESTED[position - 1] in variants
+        widened = variant in settings["nested_init"] and NESTED[position - 1] in variants
         return 0 if widened else settings["steps"]
 
     total = sum(clipped_steps(depth, variant) + budget.settings(depth)["unclipped_steps"] for depth, variant in stacks)
@@ -367,7 +384,8 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
                     first_paths[name] = out / "models" / f"{name}.clipped.pt" if two_phases else paths[name]
                     position = NESTED.index(variant)
                     source = _model_name(NESTED[position - 1], depth, column, seed) if position else None
-                    if settings["nested_init"] and source in infos and infos[source]["status"] == "finished":
+                    if variant in settings["nested_init"] and source in infos \
+                            and infos[source]["status"] == "finished":
                         # the smaller model's function, then only the unclipped phase (benchmarks/README.md)
                         nested[name] = ModelSpec(name, column_noise(column), seed=seed,
                                                  num_steps=settings["unclipped_steps"],

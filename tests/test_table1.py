@@ -166,9 +166,9 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
         assert row["seed"] in BUDGETS["cpu"].seeds_at(depth)
         if depth == 1:
             assert abs(row["adjusted_loss"] - row["paper"]) <= 0.02 * row["paper"], row
-        if depth == 2:   # the README's claim: every 2-layer cell within 10%, but Diag at sigma_max = 1 (13%)
-            allowed = 0.13 if (variant, column) == ("diag", "1") else 0.10
-            assert abs(row["adjusted_loss"] - row["paper"]) <= allowed * row["paper"], row
+        if depth == 2:   # the README's claims: every 2-layer cell within 10%, and none above the paper by 4%
+            assert abs(row["adjusted_loss"] - row["paper"]) <= 0.10 * row["paper"], row
+            assert row["adjusted_loss"] <= 1.04 * row["paper"], row
     for row in (row for row in rows if row["depth"] is None):
         combined = row["stderr"] * (1 + row["num_tasks"] / 100_000) ** 0.5
         assert abs(row["adjusted_loss"] - row["paper"]) <= 4 * combined + 5e-4, row
@@ -181,7 +181,7 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
     # the README's table: cells within 10% of the paper or better, per variant and depth
     within = {(v, d): sum(cells[v, d, c]["adjusted_loss"] <= 1.1 * cells[v, d, c]["paper"] for c in COLUMNS)
               for v in PAPER for d in (1, 2, 3)}
-    assert within == {("gdpp", 1): 10, ("gdpp", 2): 10, ("gdpp", 3): 9, ("diag", 1): 10, ("diag", 2): 9,
+    assert within == {("gdpp", 1): 10, ("gdpp", 2): 10, ("gdpp", 3): 9, ("diag", 1): 10, ("diag", 2): 10,
                       ("diag", 3): 2, ("full", 1): 10, ("full", 2): 10, ("full", 3): 1}
     # the README's claim for the recipe: no heavy tail left in any cell (standard error under 1% of the mean
     # over 1 000 000 tasks); a 3-layer Diag or Full model, started from the function of GD++ and trained
@@ -189,9 +189,12 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
     for (variant, depth, column), row in cells.items():
         assert row["stderr"] <= 0.01 * row["adjusted_loss"], row
         settings = BUDGETS["cpu"].settings(depth)
-        if depth >= 2:   # GD++ trains both phases; Diag and Full start from the model below, the unclipped phase only
+        if depth >= 2:   # a nested variant starts from the model below and trains the unclipped phase only;
+            #              the others (GD++, and Diag at 2 layers) train both phases from random weights
             both = settings["steps"] + settings["unclipped_steps"]
-            assert row["steps"] == (both if variant == "gdpp" else settings["unclipped_steps"]), row
+            nested = variant in settings["nested_init"]
+            assert nested == (variant == "full" or (variant == "diag" and depth == 3)), settings
+            assert row["steps"] == (settings["unclipped_steps"] if nested else both), row
         if depth == 3 and variant != "gdpp":
             start, shallower = cells["gdpp", 3, column], cells[variant, 2, column]
             assert row["adjusted_loss"] <= start["adjusted_loss"] + 4 * (row["stderr"] + start["stderr"]), row
@@ -328,19 +331,25 @@ def test_two_phases_and_nested_starts_continue_the_right_models_and_resume(tmp_p
     assert not (tmp_path / "other").exists()
 
 
-def test_variants_in_any_order_train_nested_and_the_bar_counts_the_steps_that_train(tmp_path, monkeypatch):
+@pytest.fixture
+def bars(monkeypatch):
+    """Every tqdm bar the run opens, kept to be read after it."""
     import tqdm.auto
 
-    from icl_course.checkpoints import load_checkpoint
-
-    bars = []
+    opened = []
 
     class Recorded(tqdm.auto.tqdm):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            bars.append(self)
+            opened.append(self)
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    return opened
+
+
+def test_variants_in_any_order_train_nested_and_the_bar_counts_the_steps_that_train(tmp_path, bars):
+    from icl_course.checkpoints import load_checkpoint
+
     options = dict(TINY, depths=(1,), columns=["1"], seeds=(0,), unclipped_steps=15, nested_init=True, progress=True)
     run_table1(tmp_path / "run", "quick", device="cpu", variants=["full", "diag", "gdpp"], **options)
     for variant, source in (("diag", "gdpp"), ("full", "diag")):   # the table's order, not the one given
@@ -348,3 +357,28 @@ def test_variants_in_any_order_train_nested_and_the_bar_counts_the_steps_that_tr
         assert metadata["widened_from"] == f"{source}-L1-u1-s0"
     # GD++ trains 40 clipped and 15 unclipped steps; Diag and Full start from it and train 15 each
     assert len(bars) == 1 and bars[0].total == 40 + 15 + 15 + 15 and bars[0].n == bars[0].total
+
+
+def test_nested_init_can_name_the_variants_that_start_from_the_smaller_one(tmp_path, bars):
+    from icl_course.checkpoints import load_checkpoint
+
+    out = tmp_path / "run"
+    options = dict(TINY, depths=(1,), columns=["1"], seeds=(0,), unclipped_steps=15, nested_init={1: ("full",)},
+                   progress=True)
+    rows = run_table1(out, "quick", device="cpu", **options)
+    # Diag trains from random weights in both phases, as GD++ does; only Full starts from Diag
+    assert sorted(path.name for path in (out / "models").iterdir()) == [
+        "diag-L1-u1-s0.clipped.pt", "diag-L1-u1-s0.pt", "full-L1-u1-s0.pt", "gdpp-L1-u1-s0.clipped.pt",
+        "gdpp-L1-u1-s0.pt"]
+    diag = load_checkpoint(out / "models" / "diag-L1-u1-s0.pt", device="cpu").metadata
+    full = load_checkpoint(out / "models" / "full-L1-u1-s0.pt", device="cpu").metadata
+    assert "widened_from" not in diag and diag["steps"] == 55 and diag["unclipped"]["steps"] == 15
+    assert full["widened_from"] == "diag-L1-u1-s0" and full["steps"] == 15
+    assert bars[0].total == (40 + 15) * 2 + 15 and bars[0].n == bars[0].total
+    # the setting survives config.json: the same call resumes the finished run instead of refusing it
+    assert json.loads((out / "config.json").read_text())["budget"]["nested_init"] == {"1": ["full"]}
+    timeless = lambda table: [dict(row, wall_time_s=None) for row in table]  # noqa: E731
+    assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
+    with pytest.raises(Table1Error, match="nested_init takes True, False or a list .* got \\['gdpp'\\]"):
+        run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, nested_init=["gdpp"]))
+    assert not (tmp_path / "other").exists()
