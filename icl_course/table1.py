@@ -743,7 +743,8 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
             raise Table1Error(f"unclipped_steps must be 0 (no unclipped phase) or more, got "
                               f"{budget.settings(depth)['unclipped_steps']} at depth {depth}")
         if budget.settings(depth)["nested_init"] and not budget.settings(depth)["unclipped_steps"]:
-            raise Table1Error(f"nested_init at depth {depth} trains Diag and Full only in the unclipped phase; "
+            nested = " and ".join(VARIANTS[variant] for variant in budget.settings(depth)["nested_init"])
+            raise Table1Error(f"nested_init at depth {depth} trains {nested} only in the unclipped phase; "
                               "give that depth unclipped_steps > 0")
     rate = budget.unclipped_learning_rate
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
