@@ -26,6 +26,11 @@ TINY = dict(depths=(1, 2), columns=["1", "{1,3}"], progress=False, verbose=False
             checkpoint_every=10, learning_rate=1e-2, warmup_steps=5)
 
 
+def timeless(rows):
+    """Result rows without their wall times, which differ between two runs of the same table."""
+    return [dict(row, wall_time_s=None) for row in rows]
+
+
 def test_the_paper_table_is_complete_and_consistent():
     for variant, rows in PAPER.items():
         assert sorted(rows) == list(range(1, 8))
@@ -166,9 +171,10 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
         assert row["seed"] in BUDGETS["cpu"].seeds_at(depth)
         if depth == 1:
             assert abs(row["adjusted_loss"] - row["paper"]) <= 0.02 * row["paper"], row
-        if depth == 2:   # the README's claims: every 2-layer cell within 10%, and none above the paper by 4%
+        if depth == 2:   # the README's claims: every 2-layer cell within 10%, none above the paper by 4%,
+            #              and Diag and Full not by more than 3.6%
             assert abs(row["adjusted_loss"] - row["paper"]) <= 0.10 * row["paper"], row
-            assert row["adjusted_loss"] <= 1.04 * row["paper"], row
+            assert row["adjusted_loss"] <= (1.04 if variant == "gdpp" else 1.0365) * row["paper"], row
     for row in (row for row in rows if row["depth"] is None):
         combined = row["stderr"] * (1 + row["num_tasks"] / 100_000) ** 0.5
         assert abs(row["adjusted_loss"] - row["paper"]) <= 4 * combined + 5e-4, row
@@ -315,7 +321,6 @@ def test_two_phases_and_nested_starts_continue_the_right_models_and_resume(tmp_p
     stamp = (out / "models" / "gdpp-L1-u1-s0.clipped.pt").stat().st_mtime_ns
     for name in ("gdpp-L1-u1-s0.pt", "diag-L1-u1-s0.pt", "full-L1-u1-s0.pt"):
         (out / "models" / name).unlink()
-    timeless = lambda table: [dict(row, wall_time_s=None) for row in table]  # noqa: E731
     assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
     assert (out / "models" / "gdpp-L1-u1-s0.clipped.pt").stat().st_mtime_ns == stamp
     redone = load_checkpoint(out / "models" / "gdpp-L1-u1-s0.pt", device="cpu")
@@ -377,7 +382,6 @@ def test_nested_init_can_name_the_variants_that_start_from_the_smaller_one(tmp_p
     assert bars[0].total == (40 + 15) * 2 + 15 and bars[0].n == bars[0].total
     # the setting survives config.json: the same call resumes the finished run instead of refusing it
     assert json.loads((out / "config.json").read_text())["budget"]["nested_init"] == {"1": ["full"]}
-    timeless = lambda table: [dict(row, wall_time_s=None) for row in table]  # noqa: E731
     assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
     with pytest.raises(Table1Error, match="nested_init takes True, False or a list .* got \\['gdpp'\\]"):
         run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, nested_init=["gdpp"]))
