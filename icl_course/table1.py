@@ -20,7 +20,9 @@ What :func:`run_table1` does, and what it writes under ``out``:
    sample, and scores models and baselines on a fresh sample, paired with the oracle on the very
    same tasks (``evaluation/``), in chunks;
 3. writes ``results.json``, ``results.csv``, ``table.md`` (each of our numbers beside the paper's),
-   ``figure.png`` (adjusted loss against depth) and ``models.pt`` (every selected model in one file).
+   ``figure.png`` (adjusted loss against depth) and ``models.pt`` (every selected model in one file);
+   ``results.json`` also records the configuration and ``seconds``, the wall time of every call on
+   ``out`` that got this far.
 
 Killed at any moment and run again with the same ``out``, it redoes no finished model or column and
 loses at most ``checkpoint_every`` steps of a stack in training.  ``out`` remembers its configuration
@@ -774,11 +776,23 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
         evaluations[column] = _evaluate_column(out, budget, column, cells, infos, device, log)
     rows = _rows(budget, variants, columns, evaluations, infos, out)
     selected = sorted({name for evaluation in evaluations.values() for name in evaluation["selected"].values()})
+    # the run's wall time: this call's plus that of the calls before it that wrote results (a call killed
+    # before writing is not counted; every model's own training time is in its row)
+    seconds = time.perf_counter() - started + _seconds_so_far(out)
     config_out = dict(config, device=str(device), torch=torch.__version__, python=platform.python_version(),
-                      seconds=round(time.perf_counter() - started, 1))
+                      seconds=round(seconds, 1))
     _write_outputs(out, budget, config_out, rows, infos, selected)
     shutil.rmtree(out / "sweeps", ignore_errors=True)
     return rows
+
+
+def _seconds_so_far(out: Path) -> float:
+    """The wall time recorded by an earlier call on ``out`` (0 if it has no readable results.json)."""
+    try:
+        seconds = json.loads((out / "results.json").read_text())["config"]["seconds"]
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return 0.0
+    return float(seconds) if isinstance(seconds, (int, float)) and math.isfinite(seconds) else 0.0
 
 
 #: the runs shipped with the package: budget -> folder (each has a README with the command that made it)

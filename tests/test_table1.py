@@ -68,12 +68,53 @@ def test_tiny_table_end_to_end_then_resume_and_refuse(tmp_path):
 
     # a second run redoes nothing: same numbers, no checkpoint rewritten
     stamps = {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()}
+    seconds = json.loads((out / "results.json").read_text())["config"]["seconds"]
     assert run_table1(out, "quick", device="cpu", **TINY) == rows
     assert {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()} == stamps
+    assert json.loads((out / "results.json").read_text())["config"]["seconds"] >= seconds > 0   # both calls
 
     # another configuration is refused with a message naming what differs
     with pytest.raises(Table1Error, match="another configuration.*budget"):
         run_table1(out, "quick", device="cpu", **dict(TINY, steps=41))
+
+
+@pytest.mark.slow
+def test_the_quick_budget_by_its_own_command_trains_and_scores_the_whole_table(tmp_path, capsys):
+    """``icl-course table1 --budget quick``, as a user types it: every variant, depth 1-3 and column,
+    with the budget's own numbers (about 75 s here).  Rerun, it redoes nothing."""
+    out = tmp_path / "quick"
+    command = ["table1", "--budget", "quick", "--device", "cpu", "--out", str(out), "--no-progress"]
+    assert cli(command) == 0
+    printed = capsys.readouterr().out
+    assert "| Full 3 layers |" in printed and "| TunedRR |" in printed and f"in {out}" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["budget"] == BUDGETS["quick"].as_dict()
+    rows = results["rows"]
+    cells = {(row["variant"], row["depth"], row["column"]): row for row in rows}
+    assert len(rows) == len(cells) == 3 * 3 * len(COLUMNS) + 3 * len(COLUMNS)
+    for row in rows:
+        assert row["num_tasks"] == 20_000 and row["budget"] == "quick" and math.isfinite(row["adjusted_loss"])
+    for index, column in enumerate(COLUMNS):
+        for variant in PAPER:
+            # the one-layer optimum is a convex problem: 150 steps reach it (the standard error is about 0.5%)
+            assert cells[variant, 1, column]["adjusted_loss"] == pytest.approx(PAPER[variant][1][index], rel=0.03)
+            assert cells[variant, 1, column]["steps"] == 150 and cells[variant, 1, column]["status"] == "finished"
+        assert cells["gdpp", 2, column]["adjusted_loss"] == pytest.approx(PAPER["gdpp"][2][index], rel=0.1)
+        # the baselines are closed forms: they agree with the paper within the Monte-Carlo error of 20 000
+        # tasks (four standard errors) and its rounding to three decimals
+        for name, paper in PAPER_BASELINES.items():
+            baseline = cells[name, None, column]
+            assert abs(baseline["adjusted_loss"] - paper[index]) <= 4 * baseline["stderr"] + 5e-4, (name, column)
+    for column in ("0", "1", "2"):   # without much noise a third GD++ layer helps a lot (paper: 0.34 -> 0.02)
+        assert cells["gdpp", 3, column]["adjusted_loss"] < 0.5 * cells["gdpp", 2, column]["adjusted_loss"]
+
+    stamps = {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()}
+    assert cli(command) == 0
+    again = json.loads((out / "results.json").read_text())
+    assert timeless(again["rows"]) == timeless(rows)
+    assert {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()} == stamps
+    # the run's wall time is that of both calls, not only of the second, which trained nothing
+    assert again["config"]["seconds"] > results["config"]["seconds"] > 10
 
 
 def test_a_killed_run_resumes_without_redoing_finished_models(tmp_path, monkeypatch):
