@@ -71,7 +71,8 @@ def test_tiny_table_end_to_end_then_resume_and_refuse(tmp_path):
     seconds = json.loads((out / "results.json").read_text())["config"]["seconds"]
     assert run_table1(out, "quick", device="cpu", **TINY) == rows
     assert {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()} == stamps
-    assert json.loads((out / "results.json").read_text())["config"]["seconds"] >= seconds > 0   # both calls
+    # both calls (the second, which trains and scores nothing, may add less than the 0.1 s rounded to)
+    assert json.loads((out / "results.json").read_text())["config"]["seconds"] >= seconds > 0
 
     # another configuration is refused with a message naming what differs
     with pytest.raises(Table1Error, match="another configuration.*budget"):
