@@ -94,11 +94,13 @@ def main(argv=None):
     parser.add_argument("--worst", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--log", type=Path, help="write every result to this JSON file as it comes")
+    parser.add_argument("--save", type=Path, help="save every model's weights to this file (torch.save: "
+                        "{'column|model': state_dict}), to load into LinearTransformer(10, 3, 1, 'diag')")
     args = parser.parse_args(argv)
     if args.eval_tasks < PAPER_EVAL_TASKS:
         parser.error(f"--eval-tasks must be at least {PAPER_EVAL_TASKS} (one sample of the paper's size)")
     torch.set_num_threads(args.threads)
-    results = []
+    results, saved = [], {}
 
     for column in args.columns:
         index = COLUMNS.index(column)
@@ -149,6 +151,7 @@ def main(argv=None):
                   f"({time.perf_counter() - started:.0f} s)", flush=True)
 
         for name, model in models.items():
+            started = time.perf_counter()
             losses, features = per_task_adjusted_losses(model, sampler, args.eval_tasks, chunk_size=10_000,
                                                         seed=900 + index)
             row = {"column": column, "model": name, "paper": PAPER[VARIANT][DEPTH][index],
@@ -159,13 +162,17 @@ def main(argv=None):
                    **describe(losses, features, args.worst)}
             results.append(row)
             blocks = row["blocks_of_100k"]
-            print(f"sigma_max {column:8s} {name:28s} {row['mean']:.4f} ± {row['stderr']:.4f} on "
+            print(f"sigma_max {column:8s} {name:36s} {row['mean']:.4f} ± {row['stderr']:.4f} on "
                   f"{args.eval_tasks} tasks; without the worst {args.worst}: {row['mean_without_worst']:.4f} ± "
                   f"{row['stderr_without_worst']:.4f}; largest {row['largest']:.3g}; samples of 100 000: median "
-                  f"{blocks['median']:.4f}, {blocks['min']:.4f} to {blocks['max']:.4f} (paper {row['paper']})",
+                  f"{blocks['median']:.4f}, {blocks['min']:.4f} to {blocks['max']:.4f} (paper {row['paper']}; "
+                  f"scored in {time.perf_counter() - started:.0f} s)",
                   flush=True)
             if args.log:
                 args.log.write_text(json.dumps(results, indent=1))
+            if args.save:
+                saved[f"{column}|{name}"] = {key: value.detach().cpu() for key, value in model.state_dict().items()}
+                torch.save(saved, args.save)
 
 
 if __name__ == "__main__":
