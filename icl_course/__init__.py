@@ -41,7 +41,7 @@ from .evaluate import (
                         query_averaged_loss,
                         sampled_query_loss,
 )
-from .models import LinearSelfAttention, LinearTransformer, ModelOutput, gd_construction, widen
+from .models import LinearSelfAttention, LinearTransformer, ModelOutput, deepen, gd_construction, widen
 from .runtime import make_generator, resolve_device, resolve_dtype
 from .train import TrainingDiverged, TrainingHistory, train
 

@@ -47,6 +47,7 @@ __all__ = [
     "diagonal_construction",
     "build_model",
     "widen",
+    "deepen",
 ]
 
 PARAMETERIZATIONS = ("full", "diag", "gdpp", "gd")
@@ -384,6 +385,38 @@ def widen(model: LinearTransformer, parameterization: str) -> LinearTransformer:
                 q_y = [torch.zeros_like(small.q)] if source != parameterization else []   # GD++: q_y = 0
                 big.q.copy_(torch.cat([small.q] + q_y, -1))
     return wide
+
+
+def deepen(model: LinearTransformer, position: int, q_scale: float = 0.05) -> LinearTransformer:
+    """The same function with one more layer, inserted before layer ``position``.
+
+    The new layer has ``p = 0`` (``P = 0``), so its update ``sum_k P_k G Q_k`` is zero: it passes the
+    tokens through and every other layer sees what it saw before.  Its ``q`` (``Q``) is ``q_scale`` times
+    the identity pattern, so the gradient with respect to ``p`` is not zero and training can put the layer
+    to use.  ``position`` runs from 0 (a new first layer) to ``L - 1`` (just before the last layer); it
+    cannot follow the last layer, whose update carries the prediction.  For ``gdpp``, ``diag`` and
+    ``full`` models; the result has ``L + 1`` layers and the dtype and device of ``model``.
+    """
+    source = model.config["parameterization"]
+    if source not in NESTED:
+        raise ValueError(f"deepen takes a {', '.join(NESTED)} model, not {source!r}")
+    num_layers = model.num_layers
+    if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < num_layers:
+        raise ValueError(f"position must be 0..{num_layers - 1} for a {num_layers}-layer model (a layer after "
+                         f"the last one would change the prediction); got {position!r}")
+    config = dict(model.config, num_layers=num_layers + 1, init_scale=0.0)
+    deeper = LinearTransformer(**config, device=model.device)
+    kept = list(model.layers)
+    with torch.no_grad():
+        for index, layer in enumerate(deeper.layers):
+            if index == position:
+                for name, value in layer.named_parameters():
+                    if name in ("Q", "q"):
+                        value.copy_(torch.eye(value.shape[-1]).expand_as(value) * q_scale if name == "Q"
+                                    else torch.full_like(value, q_scale))
+                continue
+            layer.load_state_dict(kept.pop(0).state_dict())
+    return deeper
 
 
 def gd_construction(d: int, n: int, eta: float, num_layers: int = 1, preconditioner=None,

@@ -142,6 +142,32 @@ def test_next_gram_is_the_gram_matrix_of_the_moved_tokens(float64_tasks):
         torch.testing.assert_close(gram, context.transpose(1, 2) @ context, rtol=1e-12, atol=1e-12)
 
 
+def test_deepen_keeps_the_function_with_one_more_layer_that_can_learn():
+    from icl_course.models import deepen
+
+    batch = RegressionTasks(10, 20, 1.0, dtype=torch.float64).sample(64, torch.Generator().manual_seed(4))
+    for parameterization in ("gdpp", "diag", "full"):
+        model = LinearTransformer(10, 2, 2, parameterization, init_scale=0.1, seed=6, dtype=torch.float64)
+        for position in (0, 1):
+            deeper = deepen(model, position)
+            assert deeper.num_layers == 3 and deeper.config["parameterization"] == parameterization
+            # the same prediction; the layers after the new one see the tokens the old ones saw
+            torch.testing.assert_close(deeper(batch).weights, model(batch).weights, rtol=1e-12, atol=1e-12)
+            kept = [index for index in range(3) if index != position]
+            torch.testing.assert_close(deeper(batch).layer_weights[:, kept], model(batch).layer_weights,
+                                       rtol=1e-12, atol=1e-12)
+            # the new layer's p (P) is zero but gets a gradient, so training can use the layer
+            new = deeper.layers[position]
+            weight = new.P if parameterization == "full" else new.p
+            assert torch.count_nonzero(weight) == 0
+            ((deeper(batch).weights - batch.w) ** 2).sum().backward()
+            assert weight.grad.abs().max() > 0
+    with pytest.raises(ValueError, match="position must be 0..1 for a 2-layer model"):
+        deepen(model, 2)
+    with pytest.raises(ValueError, match="deepen takes a gdpp, diag, full model, not 'gd'"):
+        deepen(LinearTransformer(10, 2, 1, "gd"), 0)
+
+
 def test_widen_keeps_the_function_and_frees_the_new_weights():
     from icl_course.models import widen
 
