@@ -16,9 +16,14 @@ What :func:`run_table1` does, and what it writes under ``out``:
    whose gradient would tame them); with ``nested_init``, Diag instead starts from the trained GD++
    model of its cell and Full from Diag (:func:`~icl_course.models.widen`), and trains only that phase
    (``nested_init=("full",)`` nests Full alone: Diag then trains both phases from random weights);
-2. tunes ConstRR and TunedRR on one sample per column, keeps the best seed of each cell on that
-   sample, and scores models and baselines on a fresh sample, paired with the oracle on the very
-   same tasks (``evaluation/``), in chunks;
+   a depth with ``deepen`` (a :class:`Deepening`) adds candidates that start from the trained model one
+   layer shallower with a pass-through layer inserted (:func:`~icl_course.models.deepen`), and the
+   variants nested above them follow;
+2. tunes ConstRR and TunedRR on one sample per column, keeps the best candidate (seed or start) of each
+   cell on that sample (for a cell of 3 layers or more: on ``eval_tasks_deep`` tasks of it, and among the
+   candidates whose standard error there is at most 1% of their mean, if any: the others have heavy
+   tails), and scores models and baselines on a fresh sample, paired with the oracle on the very same
+   tasks (``evaluation/``), in chunks;
 3. writes ``results.json``, ``results.csv``, ``table.md`` (each of our numbers beside the paper's),
    ``figure.png`` (adjusted loss against depth) and ``models.pt`` (every selected model in one file);
    ``results.json`` also records the configuration and ``seconds``, the wall time of every call on
@@ -49,13 +54,13 @@ from .baselines import AdaRR, ConstRR, TunedRR
 from .checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from .data import CategoricalNoise, RegressionTasks, UniformNoise
 from .evaluate import adjusted_losses
-from .models import NESTED, LinearTransformer, widen
+from .models import NESTED, LinearTransformer, deepen, widen
 from .runtime import resolve_device
 from .sweep import ModelSpec, train_sweep
 
-__all__ = ["PAPER", "PAPER_BASELINES", "COLUMNS", "VARIANTS", "BUDGETS", "SHIPPED", "Budget", "Table1Error",
-           "column_noise", "run_table1", "merge_runs", "load_results", "load_table1_model", "markdown_table",
-           "plot_table1", "main"]
+__all__ = ["PAPER", "PAPER_BASELINES", "COLUMNS", "VARIANTS", "BUDGETS", "SHIPPED", "Budget", "Deepening",
+           "Table1Error", "column_noise", "run_table1", "merge_runs", "load_results", "load_table1_model",
+           "markdown_table", "plot_table1", "main"]
 
 D, N = 10, 20
 
@@ -139,6 +144,32 @@ def _nested_variants(value) -> tuple:
 
 
 @dataclass(frozen=True)
+class Deepening:
+    """Extra candidates of a depth that start from the trained model one layer shallower.
+
+    For every variant in ``variants`` and every cell, one candidate per entry of ``positions``: the
+    cell's model of one layer less (its first seed) with a layer inserted before layer ``position`` that
+    passes the tokens through (:func:`~icl_course.models.deepen`), so training starts from that model's
+    loss rather than from scratch.  Each trains ``steps`` clipped steps (warm-up, then the budget's
+    schedule from ``learning_rate``) and then the depth's unclipped phase, and competes with the cell's
+    other candidates on the tuning sample.  A variant that nests from a deepened one (``nested_init``)
+    gets one candidate per deepened model too.  Named ``{variant}-L{depth}-{column}-s{seed}-d{position}``.
+    """
+
+    variants: tuple = ("diag",)
+    positions: tuple = (0, 1)
+    steps: int = 2000
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+
+
+def _deepening_dict(value) -> Optional[dict]:
+    if not isinstance(value, Deepening):
+        return value
+    return {key: list(item) if isinstance(item, tuple) else item for key, item in asdict(value).items()}
+
+
+@dataclass(frozen=True)
 class Budget:
     """How much training and evaluation a run of the table gets.
 
@@ -161,9 +192,11 @@ class Budget:
     unclipped_learning_rate: float = 1e-4   # ... at this constant rate (benchmarks/README.md)
     nested_init: object = False   # True: Diag starts from the trained GD++ of its cell, Full from Diag (unclipped
     #                               only); or the variants that do, e.g. ("full",) keeps a clipped Diag
-    tuning_tasks: int = 100_000   # tunes the baselines and picks the best seed
+    deepen: object = None         # a Deepening: more candidates, started from the model one layer shallower
+    tuning_tasks: int = 100_000   # tunes the baselines and picks the best candidate of a cell of 1-2 layers ...
     eval_tasks: int = 100_000     # scores everything, for columns whose models are all shallower than 3
-    eval_tasks_deep: int = 1_000_000   # ... and for columns with a model of 3 layers or more
+    eval_tasks_deep: int = 1_000_000   # ... and for columns with a model of 3 layers or more, whose cells also
+    #                                    pick their candidate on this many tuning tasks (heavy tails)
     chunk_size: int = 50_000
     checkpoint_every: int = 1000
     description: str = ""
@@ -174,7 +207,8 @@ class Budget:
                 "warmup_steps": int(_per_depth(self.warmup_steps, depth)),
                 "dtype": str(_per_depth(self.dtype, depth)),
                 "unclipped_steps": int(_per_depth(self.unclipped_steps, depth)),
-                "nested_init": _nested_variants(_per_depth(self.nested_init, depth))}
+                "nested_init": _nested_variants(_per_depth(self.nested_init, depth)),
+                "deepen": _per_depth(self.deepen, depth)}
 
     def seeds_at(self, depth: int) -> tuple:
         """The seeds trained for every cell of ``depth``."""
@@ -190,6 +224,11 @@ class Budget:
                                    for depth, value in data["nested_init"].items()}
         elif isinstance(data["nested_init"], (list, tuple)):
             data["nested_init"] = list(data["nested_init"])
+        if self.deepen is None:   # runs made before the setting existed keep their configuration
+            del data["deepen"]
+        else:
+            data["deepen"] = ({str(depth): _deepening_dict(value) for depth, value in self.deepen.items()}
+                              if isinstance(self.deepen, dict) else _deepening_dict(self.deepen))
         data["depths"] = list(self.depths)
         data["seeds"] = ({depth: list(seeds) for depth, seeds in data["seeds"].items()}
                          if isinstance(data["seeds"], dict) else list(self.seeds))
@@ -325,7 +364,10 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
         settings = budget.settings(depth)
         position = NESTED.index(variant)
         widened = variant in settings["nested_init"] and NESTED[position - 1] in variants
-        return 0 if widened else settings["steps"]
+        deepening = settings["deepen"]
+        deepened = deepening.steps if deepening is not None and variant in deepening.variants \
+            and depth - 1 in budget.depths else 0
+        return max(0 if widened else settings["steps"], deepened)
 
     total = sum(clipped_steps(depth, variant) + budget.settings(depth)["unclipped_steps"] for depth, variant in stacks)
     bar = None
@@ -373,27 +415,62 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
         log(f"trained {label}: {len(specs)} models in {time.perf_counter() - started:.0f} s")
         return last[0]
 
+    def deepened_tags(depth, variant) -> dict:
+        """``{name suffix: position}`` of the deepened candidates of ``variant`` at ``depth`` (position None:
+        nested from a deepened smaller variant)."""
+        deepening = budget.settings(depth)["deepen"]
+        if deepening is None or depth - 1 not in budget.depths:
+            return {}
+        if variant in deepening.variants:
+            return {f"-d{position}": position for position in deepening.positions}
+        position = NESTED.index(variant)
+        if position and variant in budget.settings(depth)["nested_init"] and NESTED[position - 1] in variants:
+            return {tag: None for tag in deepened_tags(depth, NESTED[position - 1])}
+        return {}
+
+    def finished(name):
+        return name in infos and infos[name]["status"] == "finished"
+
     try:
         for depth, variant in stacks:
             settings = budget.settings(depth)
             two_phases = settings["unclipped_steps"] > 0
-            specs, paths, first_paths, spec_columns, nested = [], {}, {}, {}, {}
+            specs, paths, first_paths, spec_columns, nested, deepened, widened_from = [], {}, {}, {}, {}, {}, {}
+            tags = deepened_tags(depth, variant)
+            entries = [(seed, "") for seed in budget.seeds_at(depth)]
+            if tags:
+                entries += [(budget.seeds_at(depth - 1)[0], tag) for tag in tags]
             for column in columns:
-                for seed in budget.seeds_at(depth):
-                    name = _model_name(variant, depth, column, seed)
+                for seed, tag in entries:
+                    name = _model_name(variant, depth, column, seed) + tag
                     spec_columns[name] = column
                     paths[name] = out / "models" / f"{name}.pt"
                     first_paths[name] = out / "models" / f"{name}.clipped.pt" if two_phases else paths[name]
                     position = NESTED.index(variant)
-                    source = _model_name(NESTED[position - 1], depth, column, seed) if position else None
-                    if variant in settings["nested_init"] and source in infos \
-                            and infos[source]["status"] == "finished":
+                    source = _model_name(NESTED[position - 1], depth, column, seed) + tag if position else None
+                    if tags.get(tag) is not None:
+                        # the shallower model's function with a pass-through layer, then both phases
+                        shallower = _model_name(variant, depth - 1, column, seed)
+                        if not finished(shallower):
+                            log(f"{name} is not trained: its start, {shallower}, did not finish")
+                            continue
+                        deepening = settings["deepen"]
+                        deepened[name] = f"{shallower}, a new layer before layer {tags[tag]}"
+                        specs.append(ModelSpec(name, column_noise(column), seed=seed, num_steps=deepening.steps,
+                                               learning_rate=deepening.learning_rate,
+                                               warmup_steps=deepening.warmup_steps, schedule=budget.schedule,
+                                               init=deepen(infos[shallower]["model"], tags[tag])))
+                        continue
+                    if variant in settings["nested_init"] and finished(source):
                         # the smaller model's function, then only the unclipped phase (benchmarks/README.md)
                         nested[name] = ModelSpec(name, column_noise(column), seed=seed,
                                                  num_steps=settings["unclipped_steps"],
                                                  learning_rate=budget.unclipped_learning_rate, schedule="constant",
                                                  init=widen(infos[source]["model"], variant))
+                        widened_from[name] = source
                         specs.append(nested[name])
+                        continue
+                    if tag:     # the deepened model it would start from is missing
                         continue
                     init = None
                     shallower = _model_name(variant, depth - 1, column, seed)
@@ -412,8 +489,11 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
                         "budget": budget.name, "device": str(device), "dtype": settings["dtype"],
                         "command": command, "history": result.history}
 
-            def finish_clipped(result, spec):
-                save_checkpoint(first_paths[result.name], result.model, metadata=metadata_of(result, spec))
+            def finish_clipped(result, spec, deepened=deepened):
+                metadata = metadata_of(result, spec)
+                if result.name in deepened:
+                    metadata["deepened_from"] = deepened[result.name]
+                save_checkpoint(first_paths[result.name], result.model, metadata=metadata)
 
             missing = [spec for spec in specs if spec.name not in nested and not paths[spec.name].exists()
                        and not first_paths[spec.name].exists()]
@@ -437,11 +517,9 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
                                             learning_rate=budget.unclipped_learning_rate, schedule="constant",
                                             init=model))
 
-                def finish_unclipped(result, spec, first=first, nested=nested):
+                def finish_unclipped(result, spec, first=first, nested=nested, widened_from=widened_from):
                     if result.name in nested:
-                        source = NESTED[NESTED.index(variant) - 1]
-                        metadata = dict(metadata_of(result, spec), widened_from=_model_name(
-                            source, depth, spec_columns[result.name], spec.seed))
+                        metadata = dict(metadata_of(result, spec), widened_from=widened_from[result.name])
                         save_checkpoint(paths[result.name], result.model, metadata=metadata)
                         return
                     metadata = dict(first[result.name][1])
@@ -472,6 +550,20 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
 # ----------------------------------------------------------------------------- evaluation
 
 
+def _pick_candidate(scores: dict, deep: bool) -> str:
+    """The candidate of a cell with the lowest mean on the tuning sample (``scores``: name -> Estimate).
+
+    For a deep cell, scored on a million tasks, only among the candidates whose standard error is at most
+    1% of their mean, if there are any: a larger one is the mark of a heavy tail, whose mean that many
+    tasks do not pin down (a few tasks in a million carry it).  A mean that is not finite never wins.
+    """
+    if deep:
+        light = {name: score for name, score in scores.items() if score.stderr <= 0.01 * abs(score.mean)}
+        scores = light or scores
+    means = {name: (score.mean if math.isfinite(score.mean) else math.inf) for name, score in scores.items()}
+    return min(means, key=means.get)
+
+
 def _evaluate_column(out: Path, budget: Budget, column: str, cells: dict, infos: dict, device, log) -> dict:
     """Tune the baselines, pick each cell's best seed, score everything paired with the oracle."""
     index = COLUMNS.index(column)
@@ -487,17 +579,20 @@ def _evaluate_column(out: Path, budget: Budget, column: str, cells: dict, infos:
     tuning = tuning_sampler.sample(budget.tuning_tasks, seed=500 + index)
     constant, tuned = ConstRR().fit(tuning), TunedRR().fit(tuning)
     sampler = RegressionTasks(D, N, noise, dtype=torch.float64, device=device)
-    selection = {}
+    selection, tuning_scores = {}, {}
     for cell, candidates in names.items():
         usable = [name for name in candidates if infos[name]["status"] == "finished"] or candidates
         if len(usable) == 1:
             selection[cell] = usable[0]
             continue
         models = {name: infos[name]["model"].to(device) for name in usable}
-        scores = adjusted_losses(models, sampler, num_tasks=budget.tuning_tasks, chunk_size=budget.chunk_size,
-                                 seed=700 + index)
-        scores = {name: (score.mean if math.isfinite(score.mean) else math.inf) for name, score in scores.items()}
-        selection[cell] = min(scores, key=scores.get)
+        # a deep model's mean can hang on one task in a million: compare those on as many as they are scored on
+        deep_cell = infos[usable[0]]["depth"] >= 3
+        scores = adjusted_losses(models, sampler, chunk_size=budget.chunk_size, seed=700 + index,
+                                 num_tasks=max(budget.tuning_tasks, budget.eval_tasks_deep) if deep_cell
+                                 else budget.tuning_tasks)
+        tuning_scores.update({name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()})
+        selection[cell] = _pick_candidate(scores, deep_cell)
     predictors = {"ConstRR": constant, "AdaRR": AdaRR(), "TunedRR": tuned}
     predictors.update({cell: infos[name]["model"].to(device) for cell, name in selection.items()})
     deep = any(infos[name]["depth"] >= 3 for name in selection.values())
@@ -506,7 +601,7 @@ def _evaluate_column(out: Path, budget: Budget, column: str, cells: dict, infos:
                              seed=900 + index)
     for name in selection.values():
         infos[name]["model"].to("cpu")
-    result = {"column": column, "candidates": names, "selected": selection,
+    result = {"column": column, "candidates": names, "selected": selection, "tuning_scores": tuning_scores,
               "scores": {name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()},
               "baselines": {"ConstRR": constant.ridge_lambda, "TunedRR": [tuned.factor, tuned.cap]},
               "device": str(device), "seconds": time.perf_counter() - started}
@@ -698,6 +793,32 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
     return tuple(depths)
 
 
+def _check_deepening(deepening, depth: int) -> None:
+    if deepening is None:
+        return
+    if not isinstance(deepening, Deepening):
+        raise Table1Error(f"deepen takes None or a Deepening (icl_course.table1.Deepening) per depth; got "
+                          f"{deepening!r} at depth {depth}")
+    if depth < 2:
+        raise Table1Error("deepen at depth 1: a 1-layer model has no shallower model to start from; "
+                          "give depth 1 None")
+    unknown = [variant for variant in deepening.variants if variant not in VARIANTS]
+    if unknown or not deepening.variants:
+        raise Table1Error(f"Deepening.variants must name some of {', '.join(VARIANTS)}; got {deepening.variants!r}")
+    if not deepening.positions or any(isinstance(position, bool) or not isinstance(position, int)
+                                      or not 0 <= position <= depth - 2 for position in deepening.positions):
+        raise Table1Error(f"Deepening.positions at depth {depth} must be layer indices 0..{depth - 2} of the "
+                          f"{depth - 1}-layer model (the new layer goes before that layer); "
+                          f"got {deepening.positions!r}")
+    for name, minimum in (("steps", 1), ("warmup_steps", 0)):
+        value = getattr(deepening, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise Table1Error(f"Deepening.{name} must be an integer >= {minimum}; got {value!r}")
+    rate = deepening.learning_rate
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
+        raise Table1Error(f"Deepening.learning_rate must be a positive number, got {rate!r}")
+
+
 def run_table1(out, budget: str | Budget = "quick", device: str = "auto", variants: Optional[Sequence[str]] = None,
                depths: Optional[Sequence[int]] = None, columns: Optional[Sequence[str]] = None,
                progress: bool = True, verbose: bool = True, **overrides) -> list[dict]:
@@ -739,8 +860,8 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
             budget.settings(depth), budget.seeds_at(depth)
         except (KeyError, TypeError, ValueError):
             raise Table1Error(f"the budget's per-depth settings (steps, learning_rate, warmup_steps, dtype, seeds, "
-                              f"unclipped_steps, nested_init) give no value for depth {depth}; add it, or leave "
-                              "that depth out") from None
+                              f"unclipped_steps, nested_init, deepen) give no value for depth {depth}; add it, or "
+                              "leave that depth out") from None
         if budget.settings(depth)["unclipped_steps"] < 0:
             raise Table1Error(f"unclipped_steps must be 0 (no unclipped phase) or more, got "
                               f"{budget.settings(depth)['unclipped_steps']} at depth {depth}")
@@ -748,6 +869,7 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
             nested = " and ".join(VARIANTS[variant] for variant in budget.settings(depth)["nested_init"])
             raise Table1Error(f"nested_init at depth {depth} trains {nested} only in the unclipped phase; "
                               "give that depth unclipped_steps > 0")
+        _check_deepening(budget.settings(depth)["deepen"], depth)
     rate = budget.unclipped_learning_rate
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
         raise Table1Error(f"unclipped_learning_rate must be a positive number, got {rate!r}")

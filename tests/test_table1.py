@@ -428,3 +428,73 @@ def test_nested_init_can_name_the_variants_that_start_from_the_smaller_one(tmp_p
     with pytest.raises(Table1Error, match="nested_init takes True, False or a list .* got \\['gdpp'\\]"):
         run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, nested_init=["gdpp"]))
     assert not (tmp_path / "other").exists()
+
+
+def test_deepened_candidates_start_from_the_shallower_model_and_compete_for_the_cell(tmp_path, bars):
+    from icl_course.checkpoints import load_checkpoint
+    from icl_course.models import deepen
+    from icl_course.sweep import ModelSpec, train_sweep
+    from icl_course.table1 import Deepening
+
+    out = tmp_path / "run"
+    deepening = Deepening(positions=(0,), steps=20, learning_rate=1e-3, warmup_steps=2)
+    options = dict(TINY, columns=["1"], seeds=(0,), unclipped_steps=15, nested_init={1: False, 2: True},
+                   deepen={1: None, 2: deepening}, progress=True)
+    rows = run_table1(out, "quick", device="cpu", **options)
+    models = out / "models"
+    # Diag at 2 layers: the nested candidate (from GD++) and one deepened from the 1-layer Diag, which
+    # trains both phases; Full nests from each of the two
+    assert sorted(path.name for path in models.glob("*-L2-*")) == [
+        "diag-L2-u1-s0-d0.clipped.pt", "diag-L2-u1-s0-d0.pt", "diag-L2-u1-s0.pt", "full-L2-u1-s0-d0.pt",
+        "full-L2-u1-s0.pt", "gdpp-L2-u1-s0.clipped.pt", "gdpp-L2-u1-s0.pt"]
+    deepened = load_checkpoint(models / "diag-L2-u1-s0-d0.pt", device="cpu").metadata
+    assert deepened["deepened_from"] == "diag-L1-u1-s0, a new layer before layer 0"
+    assert deepened["steps"] == 20 + 15 and deepened["unclipped"]["steps"] == 15
+    assert load_checkpoint(models / "full-L2-u1-s0-d0.pt", device="cpu").metadata["widened_from"] == \
+        "diag-L2-u1-s0-d0"
+    # the clipped phase is the sweep from the 1-layer model with its pass-through layer
+    shallower = load_checkpoint(models / "diag-L1-u1-s0.pt", device="cpu").model
+    clipped = load_checkpoint(models / "diag-L2-u1-s0-d0.clipped.pt", device="cpu").model
+    again = train_sweep([ModelSpec("diag-L2-u1-s0-d0", table1.column_noise("1"), seed=0, num_steps=20,
+                                   learning_rate=1e-3, warmup_steps=2, init=deepen(shallower, 0))],
+                        d=10, n=20, num_layers=2, parameterization="diag", batch_size=64, final_fraction=0.0,
+                        dtype="float32", device="cpu", seed=2000 + 0, progress=False)
+    for ours, theirs in zip(clipped.parameters(), again["diag-L2-u1-s0-d0"].model.parameters()):
+        assert torch.equal(ours, theirs)
+    # every candidate of a cell competed on the tuning sample; the selected one is in the table
+    evaluation = json.loads((out / "evaluation" / "u1.json").read_text())
+    assert evaluation["candidates"]["diag-L2"] == ["diag-L2-u1-s0", "diag-L2-u1-s0-d0"]
+    assert evaluation["candidates"]["full-L2"] == ["full-L2-u1-s0", "full-L2-u1-s0-d0"]
+    selected = next(row for row in rows if row["variant"] == "diag" and row["depth"] == 2)
+    assert selected["checkpoint"] == f"models/{evaluation['selected']['diag-L2']}.pt"
+    # the bar counts the deepened clipped phase of Diag (no other clipped phase there) and the unclipped ones
+    assert bars[0].total == 3 * (40 + 15) + (40 + 15) + 20 + 15 + 15 and bars[0].n == bars[0].total
+    # the setting survives config.json, and the same call resumes the finished run
+    assert json.loads((out / "config.json").read_text())["budget"]["deepen"] == {
+        "1": None, "2": {"variants": ["diag"], "positions": [0], "steps": 20, "learning_rate": 1e-3,
+                         "warmup_steps": 2}}
+    assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
+    # bad settings are refused before anything is written
+    bad = {"deepen at depth 1": {1: deepening, 2: None},
+           "positions at depth 2 must be .* 0..0": {1: None, 2: Deepening(positions=(1,))},
+           "variants must name": {1: None, 2: Deepening(variants=("diagonal",), positions=(0,))},
+           "Deepening.steps must be an integer >= 1": {1: None, 2: Deepening(positions=(0,), steps=0)},
+           "deepen takes None or a Deepening": {1: None, 2: "diag"}}
+    for message, deepen_setting in bad.items():
+        with pytest.raises(Table1Error, match=message):
+            run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, deepen=deepen_setting))
+    assert not (tmp_path / "other").exists()
+
+
+def test_a_deep_cell_keeps_a_light_tailed_candidate_over_a_lower_heavy_tailed_mean():
+    from icl_course.evaluate import Estimate
+    from icl_course.table1 import _pick_candidate
+
+    # the tuning scores of the cpu run's Full cell at sigma_max = 0, 3 layers, on 1 000 000 tasks
+    heavy, light = Estimate(0.01761, 0.00047, 10**6), Estimate(0.02037, 0.00006, 10**6)
+    assert _pick_candidate({"deepened": heavy, "nested": light}, deep=True) == "nested"
+    assert _pick_candidate({"deepened": heavy, "nested": light}, deep=False) == "deepened"
+    # with no light-tailed candidate the lowest mean wins; a mean that is not finite never does
+    worse = Estimate(0.5, 0.4, 10**6)
+    assert _pick_candidate({"deepened": heavy, "other": worse}, deep=True) == "deepened"
+    assert _pick_candidate({"broken": Estimate(math.nan, math.nan, 10), "other": worse}, deep=True) == "other"
