@@ -139,6 +139,9 @@ def main(argv=None):
             print("| column | " + " | ".join(names) + " | paper |")
             print("| --- |" + " --- |" * (len(names) + 1))
             print("\n".join(rows), flush=True)
+        else:
+            print(f"{run / 'models'} holds no {variant} model of {args.depth} layers for the columns asked for "
+                  "(a run's --out folder keeps every candidate; the shipped runs keep only models.pt)")
 
 
 if __name__ == "__main__":

@@ -510,3 +510,20 @@ def test_a_deep_cell_keeps_a_light_tailed_candidate_over_a_lower_heavy_tailed_me
     worse = Estimate(0.5, 0.4, 10**6)
     assert _pick_candidate({"deepened": heavy, "other": worse}, deep=True) == "deepened"
     assert _pick_candidate({"broken": Estimate(math.nan, math.nan, 10), "other": worse}, deep=True) == "other"
+
+
+def test_the_candidates_of_a_deep_cell_are_compared_on_as_many_tasks_as_it_is_scored_on(tmp_path):
+    from icl_course.evaluate import Estimate
+    from icl_course.table1 import _pick_candidate
+
+    options = dict(TINY, depths=(2, 3), columns=["1"], variants=["diag"], tuning_tasks=1000, eval_tasks=2000,
+                   eval_tasks_deep=3000)
+    run_table1(tmp_path / "run", "quick", device="cpu", **options)
+    evaluation = json.loads((tmp_path / "run" / "evaluation" / "u1.json").read_text())
+    scores = evaluation["tuning_scores"]
+    # both seeds of each cell were scored; the 2-layer ones on the tuning tasks, the 3-layer ones on 3 000
+    assert {name: entry[2] for name, entry in scores.items()} == {
+        "diag-L2-u1-s0": 1000, "diag-L2-u1-s1": 1000, "diag-L3-u1-s0": 3000, "diag-L3-u1-s1": 3000}
+    for cell, deep in (("diag-L2", False), ("diag-L3", True)):
+        estimates = {name: Estimate(*entry) for name, entry in scores.items() if name.startswith(cell)}
+        assert evaluation["selected"][cell] == _pick_candidate(estimates, deep)
