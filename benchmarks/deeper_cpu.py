@@ -21,13 +21,18 @@ from icl_course.table1 import BUDGETS, run_table1
 
 
 def deeper_budget(depth: int, seeds) -> object:
-    """The ``cpu`` budget with its 3-layer settings carried over to ``depth`` (and only that depth)."""
+    """The ``cpu`` budget with its 3-layer settings carried over to ``depth`` (and only that depth).
+
+    Without the 3-layer row's deepened candidates (they start from the model one layer shallower, which
+    a run of one depth does not train) and with every nested variant at the unclipped rate, 1e-4: the
+    recipe that made the tables of ``benchmarks/README.md``, whose run folders this still resumes.
+    """
     cpu = BUDGETS["cpu"]
     settings = cpu.settings(3)
     return replace(cpu, name="cpu-deeper", depths=(depth,), steps=settings["steps"],
                    learning_rate=settings["learning_rate"], warmup_steps=settings["warmup_steps"],
                    dtype=settings["dtype"], unclipped_steps=settings["unclipped_steps"],
-                   nested_init=cpu.nested_init[3], seeds=tuple(seeds),
+                   nested_init=cpu.nested_init[3], nested_learning_rate=None, deepen=None, seeds=tuple(seeds),
                    description=f"the cpu budget's 3-layer recipe at {depth} layers, seeds {list(seeds)}")
 
 

@@ -14,8 +14,9 @@ What :func:`run_table1` does, and what it writes under ``out``:
    ``unclipped_steps`` then goes on without gradient clipping or the spike rule at a low constant rate,
    the phase that removes the heavy tails of deep models (clipping mutes the rare ill-conditioned tasks
    whose gradient would tame them); with ``nested_init``, Diag instead starts from the trained GD++
-   model of its cell and Full from Diag (:func:`~icl_course.models.widen`), and trains only that phase
-   (``nested_init=("full",)`` nests Full alone: Diag then trains both phases from random weights);
+   model of its cell and Full from Diag (:func:`~icl_course.models.widen`), and trains only that phase,
+   at ``nested_learning_rate`` where the budget gives one for the variant (``nested_init=("full",)``
+   nests Full alone: Diag then trains both phases from random weights);
    a depth with ``deepen`` (a :class:`Deepening`) adds candidates that start from the trained model one
    layer shallower with a pass-through layer inserted (:func:`~icl_course.models.deepen`), and the
    variants nested above them follow;
@@ -133,6 +134,23 @@ def _per_depth(value, depth: int):
     return value
 
 
+def _by_variant(value) -> bool:
+    """Whether a dict setting is keyed by variant (the same for every depth) rather than by depth."""
+    return isinstance(value, dict) and bool(value) and all(key in NESTED for key in value)
+
+
+def _nested_rates(value) -> dict:
+    """``{variant: rate}`` of the nested variants that do not train at the unclipped rate."""
+    if value is None:
+        return {}
+    if isinstance(value, dict) and all(variant in NESTED[1:] and not isinstance(rate, bool)
+                                       and isinstance(rate, (int, float)) and 0 < rate < math.inf
+                                       for variant, rate in value.items()):
+        return dict(value)
+    raise Table1Error(f"nested_learning_rate takes None or a dict from 'diag' or 'full' to a positive rate "
+                      f"(per depth), e.g. {{'full': 1e-5}}; got {value!r}")
+
+
 def _nested_variants(value) -> tuple:
     """The variants that start from their smaller variant: ``True`` means Diag and Full, ``False`` none."""
     if isinstance(value, bool):
@@ -192,6 +210,8 @@ class Budget:
     unclipped_learning_rate: float = 1e-4   # ... at this constant rate (benchmarks/README.md)
     nested_init: object = False   # True: Diag starts from the trained GD++ of its cell, Full from Diag (unclipped
     #                               only); or the variants that do, e.g. ("full",) keeps a clipped Diag
+    nested_learning_rate: object = None   # the nested variants' constant rate, e.g. {"full": 1e-5}; a variant
+    #                                       left out (or None) trains at unclipped_learning_rate
     deepen: object = None         # a Deepening: more candidates, started from the model one layer shallower
     tuning_tasks: int = 100_000   # tunes the baselines and picks the best candidate of a cell of 1-2 layers ...
     eval_tasks: int = 100_000     # scores everything, for columns whose models are all shallower than 3
@@ -208,6 +228,8 @@ class Budget:
                 "dtype": str(_per_depth(self.dtype, depth)),
                 "unclipped_steps": int(_per_depth(self.unclipped_steps, depth)),
                 "nested_init": _nested_variants(_per_depth(self.nested_init, depth)),
+                "nested_learning_rate": _nested_rates(self.nested_learning_rate if _by_variant(
+                    self.nested_learning_rate) else _per_depth(self.nested_learning_rate, depth)),
                 "deepen": _per_depth(self.deepen, depth)}
 
     def seeds_at(self, depth: int) -> tuple:
@@ -224,7 +246,12 @@ class Budget:
                                    for depth, value in data["nested_init"].items()}
         elif isinstance(data["nested_init"], (list, tuple)):
             data["nested_init"] = list(data["nested_init"])
-        if self.deepen is None:   # runs made before the setting existed keep their configuration
+        # runs made before these settings existed keep their configuration
+        if self.nested_learning_rate is None:
+            del data["nested_learning_rate"]
+        elif isinstance(self.nested_learning_rate, dict):
+            data["nested_learning_rate"] = {str(depth): value for depth, value in self.nested_learning_rate.items()}
+        if self.deepen is None:
             del data["deepen"]
         else:
             data["deepen"] = ({str(depth): _deepening_dict(value) for depth, value in self.deepen.items()}
@@ -465,7 +492,9 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
                         # the smaller model's function, then only the unclipped phase (benchmarks/README.md)
                         nested[name] = ModelSpec(name, column_noise(column), seed=seed,
                                                  num_steps=settings["unclipped_steps"],
-                                                 learning_rate=budget.unclipped_learning_rate, schedule="constant",
+                                                 learning_rate=settings["nested_learning_rate"].get(
+                                                     variant, budget.unclipped_learning_rate),
+                                                 schedule="constant",
                                                  init=widen(infos[source]["model"], variant))
                         widened_from[name] = source
                         specs.append(nested[name])
@@ -860,8 +889,8 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
             budget.settings(depth), budget.seeds_at(depth)
         except (KeyError, TypeError, ValueError):
             raise Table1Error(f"the budget's per-depth settings (steps, learning_rate, warmup_steps, dtype, seeds, "
-                              f"unclipped_steps, nested_init, deepen) give no value for depth {depth}; add it, or "
-                              "leave that depth out") from None
+                              f"unclipped_steps, nested_init, nested_learning_rate, deepen) give no value for depth "
+                              f"{depth}; add it, or leave that depth out") from None
         if budget.settings(depth)["unclipped_steps"] < 0:
             raise Table1Error(f"unclipped_steps must be 0 (no unclipped phase) or more, got "
                               f"{budget.settings(depth)['unclipped_steps']} at depth {depth}")

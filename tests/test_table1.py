@@ -423,7 +423,7 @@ def test_nested_init_can_name_the_variants_that_start_from_the_smaller_one(tmp_p
 
     out = tmp_path / "run"
     options = dict(TINY, depths=(1,), columns=["1"], seeds=(0,), unclipped_steps=15, nested_init={1: ("full",)},
-                   progress=True)
+                   nested_learning_rate={1: {"full": 3e-5}}, progress=True)
     rows = run_table1(out, "quick", device="cpu", **options)
     # Diag trains from random weights in both phases, as GD++ does; only Full starts from Diag
     assert sorted(path.name for path in (out / "models").iterdir()) == [
@@ -433,13 +433,24 @@ def test_nested_init_can_name_the_variants_that_start_from_the_smaller_one(tmp_p
     full = load_checkpoint(out / "models" / "full-L1-u1-s0.pt", device="cpu").metadata
     assert "widened_from" not in diag and diag["steps"] == 55 and diag["unclipped"]["steps"] == 15
     assert full["widened_from"] == "diag-L1-u1-s0" and full["steps"] == 15
+    # Full, and only Full, trains at its own nested rate; Diag's unclipped phase keeps the budget's
+    assert full["spec"]["learning_rate"] == 3e-5 and diag["unclipped"]["learning_rate"] == 1e-4
     assert bars[0].total == (40 + 15) * 2 + 15 and bars[0].n == bars[0].total
-    # the setting survives config.json: the same call resumes the finished run instead of refusing it
-    assert json.loads((out / "config.json").read_text())["budget"]["nested_init"] == {"1": ["full"]}
+    # the settings survive config.json: the same call resumes the finished run instead of refusing it
+    budget = json.loads((out / "config.json").read_text())["budget"]
+    assert budget["nested_init"] == {"1": ["full"]} and budget["nested_learning_rate"] == {"1": {"full": 3e-5}}
     assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
     with pytest.raises(Table1Error, match="nested_init takes True, False or a list .* got \\['gdpp'\\]"):
         run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, nested_init=["gdpp"]))
+    for bad in ({1: {"gdpp": 1e-5}}, {1: {"full": 0}}, {1: 1e-5}, {1: {"full": True}}, {"gdpp": 1e-5}):
+        with pytest.raises(Table1Error, match="nested_learning_rate takes None or a dict from 'diag' or 'full'"):
+            run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, nested_learning_rate=bad))
     assert not (tmp_path / "other").exists()
+    # one rate per variant for every depth, without the depth keys
+    assert table1.replace(BUDGETS["quick"], nested_learning_rate={"full": 2e-5}).settings(3)[
+        "nested_learning_rate"] == {"full": 2e-5}
+    # a budget without the setting keeps the configuration it had before the setting existed
+    assert "nested_learning_rate" not in table1.BUDGETS["gpu"].as_dict()
 
 
 def test_deepened_candidates_start_from_the_shallower_model_and_compete_for_the_cell(tmp_path, bars):
@@ -527,3 +538,24 @@ def test_the_candidates_of_a_deep_cell_are_compared_on_as_many_tasks_as_it_is_sc
     for cell, deep in (("diag-L2", False), ("diag-L3", True)):
         estimates = {name: Estimate(*entry) for name, entry in scores.items() if name.startswith(cell)}
         assert evaluation["selected"][cell] == _pick_candidate(estimates, deep)
+
+
+def test_the_deeper_cpu_benchmark_budget_runs_at_every_depth_it_accepts(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "deeper_cpu.py"
+    spec = importlib.util.spec_from_file_location("deeper_cpu", path)
+    deeper_cpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deeper_cpu)
+    for depth in range(4, 8):
+        budget = deeper_cpu.deeper_budget(depth, [0])
+        # the 3-layer recipe as it made benchmarks/README.md's tables: no deepened candidates, Full at 1e-4
+        assert budget.settings(depth) == dict(BUDGETS["cpu"].settings(3), deepen=None, nested_learning_rate={})
+        assert "deepen" not in budget.as_dict() and "nested_learning_rate" not in budget.as_dict()
+    # the budget passes the command's checks and trains (a few steps, one column)
+    rows = run_table1(tmp_path / "run", deeper_cpu.deeper_budget(4, [0]), device="cpu", columns=["1"],
+                      progress=False, verbose=False, steps=5, unclipped_steps=3, warmup_steps=1, batch_size=32,
+                      tuning_tasks=500, eval_tasks=500, eval_tasks_deep=500, chunk_size=500)
+    assert {(row["variant"], row["depth"], row["steps"]) for row in rows if row["depth"]} == {
+        ("gdpp", 4, 5 + 3), ("diag", 4, 3), ("full", 4, 3)}
