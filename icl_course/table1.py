@@ -794,8 +794,9 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
 
     ``folders`` are ``--out`` folders of ``icl-course table1`` runs of one ``budget``, for instance
     one process per variant on one GPU (``benchmarks/table1_parallel.py``).  Every depth that those
-    runs finished for all variants, columns and seeds, from the shallowest on, is copied into ``out``,
-    whose ``config.json`` then names exactly those depths; scoring ``out`` with the ordinary command
+    runs finished for all variants, columns and seeds, from the shallowest on, is copied into ``out``
+    (with every deepened candidate of those depths the runs finished), whose ``config.json`` then names
+    exactly those depths; scoring ``out`` with the ordinary command
     and ``--depths`` of the returned tuple trains nothing and only tunes, selects and evaluates.
     Returns the depths gathered (empty if not even 1 layer was finished everywhere).
     """
@@ -819,6 +820,11 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
         seeds = chosen.seeds_at(depth)
         for name in (f"{_model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in seeds):
             shutil.copy2(models[name], out / "models" / name)
+        # the deepened candidates (and those nested from them) the runs finished, so scoring does not retrain them
+        for name in (f"{_model_name(v, depth, c, s)}-d" for v in VARIANTS for c in COLUMNS for s in seeds):
+            for found in models:
+                if found.startswith(name) and found[len(name):-len(".pt")].isdigit():
+                    shutil.copy2(models[found], out / "models" / found)
     return tuple(depths)
 
 

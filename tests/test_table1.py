@@ -324,10 +324,14 @@ def test_merge_runs_gathers_the_depths_every_run_finished(tmp_path):
                         continue                     # one model of depth 3 never finished
                     name = table1._model_name(variant, depth, column, budget.seeds_at(depth)[0])
                     (folder / "models" / f"{name}.pt").write_bytes(name.encode())
+                    if depth > 1 and column == "1":    # a deepened candidate and its unfinished first phase
+                        (folder / "models" / f"{name}-d0.pt").write_bytes(name.encode())
+                        (folder / "models" / f"{name}-d0.clipped.pt").write_bytes(name.encode())
     out = tmp_path / "merged"
     assert merge_runs(folders, out, "quick") == (1, 2)
     copied = sorted(path.name for path in (out / "models").iterdir())
-    assert len(copied) == len(variants) * 2 * len(COLUMNS) and not any("-L3-" in name for name in copied)
+    assert len(copied) == len(variants) * (2 * len(COLUMNS) + 1) and not any("-L3-" in name for name in copied)
+    assert {name for name in copied if "-d" in name} == {f"{variant}-L2-u1-s0-d0.pt" for variant in variants}
     assert json.loads((out / "config.json").read_text())["budget"]["depths"] == [1, 2]
     assert merge_runs([tmp_path / "nowhere"], tmp_path / "empty", "quick") == ()
     with pytest.raises(Table1Error, match="unknown budget"):
