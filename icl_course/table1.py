@@ -273,7 +273,8 @@ BUDGETS = {
         seeds={1: (0,), 2: (0, 1), 3: (0, 1)}, batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500},
         final_fraction=0.01, dtype="float32", init_from_shallower=False,
         unclipped_steps={1: 0, 2: 2000, 3: 3000}, unclipped_learning_rate=1e-4,
-        nested_init={1: False, 2: ("full",), 3: True}, deepen={1: None, 2: None, 3: Deepening()},
+        nested_init={1: False, 2: ("full",), 3: True}, nested_learning_rate={1: None, 2: None, 3: {"full": 1e-5}},
+        deepen={1: None, 2: None, 3: Deepening()},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
         description="depths 1-3 on a 2-core CPU in under an hour, the recipe of benchmarks/README.md"),
     "gpu": Budget(

@@ -230,17 +230,20 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
     within = {(v, d): sum(cells[v, d, c]["adjusted_loss"] <= 1.1 * cells[v, d, c]["paper"] for c in COLUMNS)
               for v in PAPER for d in (1, 2, 3)}
     assert within == {("gdpp", 1): 10, ("gdpp", 2): 10, ("gdpp", 3): 9, ("diag", 1): 10, ("diag", 2): 10,
-                      ("diag", 3): 6, ("full", 1): 10, ("full", 2): 10, ("full", 3): 1}
-    # the README's claims for the recipe: a heavy tail (standard error above 1% of the mean over 1 000 000
-    # tasks) in one cell only, Full at sigma_max = 5, and a mild one; a 3-layer Diag or Full model, started from
-    # the function of GD++ or of the 2-layer Diag, ends no worse than GD++, and better than 2 layers of its kind
-    tails = {cell: row["stderr"] / row["adjusted_loss"] for cell, row in cells.items()
-             if row["stderr"] > 0.01 * row["adjusted_loss"]}
-    assert set(tails) == {("full", 3, "5")} and tails["full", 3, "5"] < 0.02, tails
-    # the deepened start is what moved Diag at 3 layers: it won the cells from sigma_max = 2 on but 3
-    deepened_cells = {column for (variant, depth, column), row in cells.items()
-                      if (variant, depth) == ("diag", 3) and row["checkpoint"].split("-")[-1] in ("d0.pt", "d1.pt")}
-    assert deepened_cells == {"2", "4", "5", "6", "7", "{1,3}", "{1,3,5}"}
+                      ("diag", 3): 6, ("full", 1): 10, ("full", 2): 10, ("full", 3): 4}
+    # the README's claims for the recipe: no heavy tail (a standard error above 1% of the mean over 1 000 000
+    # tasks), the largest of 3 layers Full's at sigma_max = 4; a 3-layer Diag or Full model, started from the
+    # function of GD++ or of the 2-layer Diag, ends no worse than GD++, and better than 2 layers of its kind
+    relative = {cell: row["stderr"] / row["adjusted_loss"] for cell, row in cells.items()}
+    assert max(relative.values()) < 0.01, relative
+    assert max((cell for cell in relative if cell[1] == 3), key=relative.get) == ("full", 3, "4")
+    # the deepened start is what moved Diag at 3 layers: it won the cells from sigma_max = 2 on but 3; Full
+    # nested from it (at 1e-5, which keeps its function) won the same but 4, where its candidates had tails
+    for variant, won in (("diag", {"2", "4", "5", "6", "7", "{1,3}", "{1,3,5}"}),
+                         ("full", {"2", "5", "6", "7", "{1,3}", "{1,3,5}"})):
+        deepened_cells = {column for (kind, depth, column), row in cells.items()
+                          if (kind, depth) == (variant, 3) and row["checkpoint"].split("-")[-1] in ("d0.pt", "d1.pt")}
+        assert deepened_cells == won, variant
     for (variant, depth, column), row in cells.items():
         settings = BUDGETS["cpu"].settings(depth)
         if depth >= 2:   # a nested variant starts from the model below and trains the unclipped phase only;
