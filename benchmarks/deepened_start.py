@@ -19,12 +19,12 @@ scores the Diag start and every Full model on the same tasks:
     python benchmarks/deepened_start.py --run DIR --full-rates 1e-4 3e-5 1e-5 --columns 3 4 5 6 "{1,3}" "{1,3,5}" \
         --eval-tasks 200000
 
-With ``--deeper``, it takes the run one layer further the same way: each column's selected Diag with a
-pass-through layer inserted before each of its layers but the last (``icl_course.models.deepen``) trains the
-budget's ``Deepening`` phases (2 000 clipped steps on a cosine from 1e-3, then ``--steps`` unclipped at
-1e-4), and the start and every deeper model are scored on the same tasks:
+With ``--deeper``, it takes the run one layer further the same way: each column's selected model of each of
+``--variants`` with a pass-through layer inserted before each of its layers but the last
+(``icl_course.models.deepen``) trains the budget's ``Deepening`` phases (2 000 clipped steps on a cosine from
+1e-3, then ``--steps`` unclipped at 1e-4), and the start and every deeper model are scored on the same tasks:
 
-    python benchmarks/deepened_start.py --run DIR --deeper --eval-tasks 1000000
+    python benchmarks/deepened_start.py --run DIR --deeper --variants diag --eval-tasks 1000000
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from icl_course.checkpoints import load_checkpoint
 from icl_course.evaluate import adjusted_losses
 from icl_course.models import deepen, widen
 from icl_course.sweep import ModelSpec, train_sweep
-from icl_course.table1 import COLUMN_IDS, COLUMNS, PAPER, D, Deepening, N, column_noise
+from icl_course.table1 import COLUMN_IDS, COLUMNS, PAPER, VARIANTS, D, Deepening, N, column_noise
 
 
 def candidates(models: Path, variant: str, depth: int, column: str) -> dict:
@@ -67,7 +67,7 @@ def selected(run: Path, variant: str, depth: int, column: str) -> str:
 
 def full_rates(run: Path, args) -> None:
     """Each column's selected Diag widened to Full and trained unclipped at each of ``args.full_rates``."""
-    starts = selected_diag(run, args)
+    starts = selected_models(run, args)
     specs = [ModelSpec(f"{column}|{rate:g}", column_noise(column), num_steps=args.steps, learning_rate=rate,
                        schedule="constant", init=widen(model, "full"))
              for column, (name, model) in starts.items() for rate in args.full_rates]
@@ -91,19 +91,19 @@ def full_rates(run: Path, args) -> None:
         print(f"| {column} ({name}) | " + " | ".join(cells) + f" | {paper:g} |", flush=True)
 
 
-def selected_diag(run: Path, args) -> dict:
-    """{column: (name, model)} of each column's selected Diag of ``args.depth`` layers, in float64."""
+def selected_models(run: Path, args, variant: str = "diag") -> dict:
+    """{column: (name, model)} of each column's selected ``variant`` of ``args.depth`` layers, in float64."""
     starts = {}
     for column in args.columns:
-        name = selected(run, "diag", args.depth, column)
+        name = selected(run, variant, args.depth, column)
         if name:
             starts[column] = (name, load_checkpoint(run / "models" / f"{name}.pt", device="cpu").model.double())
     return starts
 
 
-def deeper(run: Path, args) -> None:
-    """Each column's selected Diag with a pass-through layer at every position, trained as a Deepening."""
-    starts = selected_diag(run, args)
+def deeper(run: Path, args, variant: str) -> None:
+    """Each column's selected ``variant`` with a pass-through layer at every position, trained as a Deepening."""
+    starts = selected_models(run, args, variant)
     positions = range(args.depth)
     recipe = Deepening()
     phases = [dict(num_steps=recipe.steps, learning_rate=recipe.learning_rate, warmup_steps=recipe.warmup_steps,
@@ -117,14 +117,15 @@ def deeper(run: Path, args) -> None:
         specs = [ModelSpec(key, column_noise(key.split("|")[0]), num_steps=phase["num_steps"],
                            learning_rate=phase["learning_rate"], warmup_steps=phase["warmup_steps"],
                            schedule=phase["schedule"], init=model) for key, model in models.items()]
-        trained = train_sweep(specs, d=D, n=N, num_layers=args.depth + 1, parameterization="diag", batch_size=512,
+        trained = train_sweep(specs, d=D, n=N, num_layers=args.depth + 1, parameterization=variant, batch_size=512,
                               clip_norm=phase["clip_norm"], spike_factor=phase["spike_factor"], final_fraction=0.01,
                               dtype="float32", device="cpu", seed=3600 + index, progress=False)
         models = {key: result.model.double() for key, result in trained.items()}
-    print(f"{len(models)} Diag models of {args.depth + 1} layers, {recipe.steps} clipped and {args.steps} "
+    name = VARIANTS[variant]
+    print(f"{len(models)} {name} models of {args.depth + 1} layers, {recipe.steps} clipped and {args.steps} "
           f"unclipped steps in {time.perf_counter() - started:.0f} s", flush=True)
-    print(f"\nDiag, {args.depth + 1} layers, from the selected {args.depth}-layer Diag with a pass-through layer "
-          f"before layer k\n")
+    print(f"\n{name}, {args.depth + 1} layers, from the selected {args.depth}-layer {name} with a pass-through "
+          f"layer before layer k\n")
     print(f"| column | start ({args.depth} layers) | " + " | ".join(f"k = {position}" for position in positions)
           + f" | paper ({args.depth + 1} layers) |")
     print("| --- |" + " --- |" * (len(positions) + 2))
@@ -135,7 +136,7 @@ def deeper(run: Path, args) -> None:
         scores = adjusted_losses(scored, sampler, num_tasks=args.eval_tasks, chunk_size=args.chunk_size,
                                  seed=args.seed + COLUMNS.index(column))
         cells = [f"{scores[key].mean:.4g} ± {scores[key].stderr:.2g}" for key in scored]
-        paper = PAPER["diag"][args.depth + 1][COLUMNS.index(column)]
+        paper = PAPER[variant][args.depth + 1][COLUMNS.index(column)]
         print(f"| {column} | " + " | ".join(cells) + f" | {paper:g} |", flush=True)
 
 
@@ -164,7 +165,8 @@ def main(argv=None):
         full_rates(run, args)
         return
     if args.deeper:
-        deeper(run, args)
+        for variant in args.variants:
+            deeper(run, args, variant)
         return
     for variant in args.variants:
         rows, names = [], []

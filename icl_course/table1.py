@@ -18,8 +18,9 @@ What :func:`run_table1` does, and what it writes under ``out``:
    at ``nested_learning_rate`` where the budget gives one for the variant (``nested_init=("full",)``
    nests Full alone: Diag then trains both phases from random weights);
    a depth with ``deepen`` (a :class:`Deepening`) adds candidates that start from the trained model one
-   layer shallower with a pass-through layer inserted (:func:`~icl_course.models.deepen`), and the
-   variants nested above them follow;
+   layer shallower (its first seed's, or the one that shallower cell keeps) with a pass-through layer
+   inserted (:func:`~icl_course.models.deepen`), and the variants nested above them follow; a depth
+   without seeds trains only those;
 2. tunes ConstRR and TunedRR on one sample per column, keeps the best candidate (seed or start) of each
    cell on that sample (for a cell of 3 layers or more: on ``eval_tasks_deep`` tasks of it, and among the
    candidates whose standard error there is at most 1% of their mean, if any: the others have heavy
@@ -172,6 +173,11 @@ class Deepening:
     schedule from ``learning_rate``) and then the depth's unclipped phase, and competes with the cell's
     other candidates on the tuning sample.  A variant that nests from a deepened one (``nested_init``)
     gets one candidate per deepened model too.  Named ``{variant}-L{depth}-{column}-s{seed}-d{position}``.
+
+    ``start="selected"`` starts instead from the shallower cell's selected candidate, picked before the
+    deeper stacks train, on the tuning tasks and by the rule the evaluation uses (so it is the model the
+    table reports one row up; the name keeps the first seed, the checkpoint's ``deepened_from`` says which
+    model it was); the choice is saved under ``selections/``.
     """
 
     variants: tuple = ("diag",)
@@ -179,12 +185,16 @@ class Deepening:
     steps: int = 2000
     learning_rate: float = 1e-3
     warmup_steps: int = 100
+    start: str = "seed"
 
 
 def _deepening_dict(value) -> Optional[dict]:
     if not isinstance(value, Deepening):
         return value
-    return {key: list(item) if isinstance(item, tuple) else item for key, item in asdict(value).items()}
+    data = {key: list(item) if isinstance(item, tuple) else item for key, item in asdict(value).items()}
+    if data["start"] == "seed":   # runs made before the setting existed keep their configuration
+        del data["start"]
+    return data
 
 
 @dataclass(frozen=True)
@@ -395,7 +405,7 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
         deepening = settings["deepen"]
         deepened = deepening.steps if deepening is not None and variant in deepening.variants \
             and depth - 1 in budget.depths else 0
-        return max(0 if widened else settings["steps"], deepened)
+        return max(0 if widened or not budget.seeds_at(depth) else settings["steps"], deepened)
 
     total = sum(clipped_steps(depth, variant) + budget.settings(depth)["unclipped_steps"] for depth, variant in stacks)
     bar = None
@@ -459,6 +469,12 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
     def finished(name):
         return name in infos and infos[name]["status"] == "finished"
 
+    def select_shallower(variant, depth, column):
+        """The candidate the cell (variant, depth, column) keeps: the start of a deeper model."""
+        candidates = [name for name, info in infos.items()
+                      if (info["variant"], info["depth"], info["column"]) == (variant, depth, column)]
+        return _cell_choice(out, budget, column, f"{variant}-L{depth}", candidates, infos, device)[0]
+
     try:
         for depth, variant in stacks:
             settings = budget.settings(depth)
@@ -479,6 +495,8 @@ def _train_all(out: Path, budget: Budget, variants, columns, device, progress, l
                     if tags.get(tag) is not None:
                         # the shallower model's function with a pass-through layer, then both phases
                         shallower = _model_name(variant, depth - 1, column, seed)
+                        if settings["deepen"].start == "selected":
+                            shallower = select_shallower(variant, depth - 1, column)
                         if not finished(shallower):
                             log(f"{name} is not trained: its start, {shallower}, did not finish")
                             continue
@@ -594,6 +612,36 @@ def _pick_candidate(scores: dict, deep: bool) -> str:
     return min(means, key=means.get)
 
 
+def _cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: list, infos: dict,
+                 device) -> tuple:
+    """The candidate a cell keeps and ``{name: [mean, stderr, tasks]}``, the tuning scores it was picked by.
+
+    Every candidate is scored on the column's tuning tasks (a cell of 3 layers or more on ``eval_tasks_deep``
+    of them: a deep model's mean can hang on one task in a million) and :func:`_pick_candidate` chooses.  The
+    choice is saved in ``selections/`` and read back while the candidates stay the same: a deeper model
+    that starts from it and the evaluation see the same one.
+    """
+    usable = [name for name in candidates if infos[name]["status"] == "finished"] or candidates
+    if len(usable) == 1:
+        return usable[0], {}
+    path = out / "selections" / f"{cell}-{COLUMN_IDS[COLUMNS.index(column)]}.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("candidates") == usable:
+            return saved["selected"], saved["scores"]
+    models = {name: infos[name]["model"].to(device) for name in usable}
+    deep_cell = infos[usable[0]]["depth"] >= 3
+    sampler = RegressionTasks(D, N, column_noise(column), dtype=torch.float64, device=device)
+    scores = adjusted_losses(models, sampler, chunk_size=budget.chunk_size, seed=700 + COLUMNS.index(column),
+                             num_tasks=max(budget.tuning_tasks, budget.eval_tasks_deep) if deep_cell
+                             else budget.tuning_tasks)
+    chosen = _pick_candidate(scores, deep_cell)
+    scores = {name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, {"cell": cell, "column": column, "candidates": usable, "selected": chosen, "scores": scores})
+    return chosen, scores
+
+
 def _evaluate_column(out: Path, budget: Budget, column: str, cells: dict, infos: dict, device, log) -> dict:
     """Tune the baselines, pick each cell's best seed, score everything paired with the oracle."""
     index = COLUMNS.index(column)
@@ -611,18 +659,8 @@ def _evaluate_column(out: Path, budget: Budget, column: str, cells: dict, infos:
     sampler = RegressionTasks(D, N, noise, dtype=torch.float64, device=device)
     selection, tuning_scores = {}, {}
     for cell, candidates in names.items():
-        usable = [name for name in candidates if infos[name]["status"] == "finished"] or candidates
-        if len(usable) == 1:
-            selection[cell] = usable[0]
-            continue
-        models = {name: infos[name]["model"].to(device) for name in usable}
-        # a deep model's mean can hang on one task in a million: compare those on as many as they are scored on
-        deep_cell = infos[usable[0]]["depth"] >= 3
-        scores = adjusted_losses(models, sampler, chunk_size=budget.chunk_size, seed=700 + index,
-                                 num_tasks=max(budget.tuning_tasks, budget.eval_tasks_deep) if deep_cell
-                                 else budget.tuning_tasks)
-        tuning_scores.update({name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()})
-        selection[cell] = _pick_candidate(scores, deep_cell)
+        selection[cell], scores = _cell_choice(out, budget, column, cell, candidates, infos, device)
+        tuning_scores.update(scores)
     predictors = {"ConstRR": constant, "AdaRR": AdaRR(), "TunedRR": tuned}
     predictors.update({cell: infos[name]["model"].to(device) for cell, name in selection.items()})
     deep = any(infos[name]["depth"] >= 3 for name in selection.values())
@@ -853,6 +891,27 @@ def _check_deepening(deepening, depth: int) -> None:
     rate = deepening.learning_rate
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
         raise Table1Error(f"Deepening.learning_rate must be a positive number, got {rate!r}")
+    if deepening.start not in ("seed", "selected"):
+        raise Table1Error(f"Deepening.start is 'seed' (the shallower model of the first seed) or 'selected' (the "
+                          f"shallower cell's selected candidate); got {deepening.start!r}")
+
+
+def _check_candidates(budget: Budget, variants, depth: int) -> None:
+    """A depth without seeds trains only deepened candidates and those nested from them: every variant needs one."""
+    if budget.seeds_at(depth):
+        return
+    settings, started = budget.settings(depth), set()
+    deepening = settings["deepen"]
+    for variant in variants:
+        position = NESTED.index(variant)
+        if deepening is not None and variant in deepening.variants and depth - 1 in budget.depths:
+            started.add(variant)
+        elif variant in settings["nested_init"] and position and NESTED[position - 1] in started:
+            started.add(variant)
+        else:
+            raise Table1Error(f"depth {depth} has no seeds, so its {VARIANTS[variant]} models must be deepened from "
+                              f"depth {depth - 1} (which the run must train too) or nested from a deepened smaller "
+                              f"variant; add {variant!r} to that depth's Deepening.variants, or give it seeds")
 
 
 def run_table1(out, budget: str | Budget = "quick", device: str = "auto", variants: Optional[Sequence[str]] = None,
@@ -906,6 +965,7 @@ def run_table1(out, budget: str | Budget = "quick", device: str = "auto", varian
             raise Table1Error(f"nested_init at depth {depth} trains {nested} only in the unclipped phase; "
                               "give that depth unclipped_steps > 0")
         _check_deepening(budget.settings(depth)["deepen"], depth)
+        _check_candidates(budget, variants, depth)
     rate = budget.unclipped_learning_rate
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
         raise Table1Error(f"unclipped_learning_rate must be a positive number, got {rate!r}")

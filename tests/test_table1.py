@@ -1,6 +1,7 @@
 import csv
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -566,3 +567,59 @@ def test_the_deeper_cpu_benchmark_budget_runs_at_every_depth_it_accepts(tmp_path
                       tuning_tasks=500, eval_tasks=500, eval_tasks_deep=500, chunk_size=500)
     assert {(row["variant"], row["depth"], row["steps"]) for row in rows if row["depth"]} == {
         ("gdpp", 4, 5 + 3), ("diag", 4, 3), ("full", 4, 3)}
+
+
+def test_a_depth_can_deepen_the_selected_shallower_model_alone(tmp_path, bars):
+    from icl_course.checkpoints import load_checkpoint
+    from icl_course.models import deepen
+    from icl_course.sweep import ModelSpec, train_sweep
+    from icl_course.table1 import Deepening
+
+    out = tmp_path / "run"
+    deepening = Deepening(variants=("gdpp", "diag"), positions=(0,), steps=20, learning_rate=1e-3, warmup_steps=2,
+                          start="selected")
+    options = dict(TINY, columns=["1"], seeds={1: (0, 1), 2: ()}, unclipped_steps=15,
+                   nested_init={1: False, 2: ("full",)}, deepen={1: None, 2: deepening}, progress=True)
+    rows = run_table1(out, "quick", device="cpu", **options)
+    models = out / "models"
+    # no seed trains at 2 layers: GD++ and Diag are deepened from their 1-layer cell's selected model, Full
+    # nests from the deepened Diag
+    assert sorted(path.name for path in models.glob("*-L2-*.pt") if ".clipped" not in path.name) == [
+        "diag-L2-u1-s0-d0.pt", "full-L2-u1-s0-d0.pt", "gdpp-L2-u1-s0-d0.pt"]
+    evaluation = json.loads((out / "evaluation" / "u1.json").read_text())
+    for variant in ("gdpp", "diag"):
+        kept = evaluation["selected"][f"{variant}-L1"]
+        # picked before the 2-layer stacks trained, on the tuning tasks the evaluation then used
+        saved = json.loads((out / "selections" / f"{variant}-L1-u1.json").read_text())
+        assert saved["selected"] == kept and saved["scores"] == {
+            name: score for name, score in evaluation["tuning_scores"].items() if name.startswith(f"{variant}-L1-")}
+        assert sorted(saved["candidates"]) == [f"{variant}-L1-u1-s0", f"{variant}-L1-u1-s1"]
+        deepened = load_checkpoint(models / f"{variant}-L2-u1-s0-d0.pt", device="cpu").metadata
+        assert deepened["deepened_from"] == f"{kept}, a new layer before layer 0"
+        # its clipped phase is the sweep from that model with a pass-through layer
+        shallower = load_checkpoint(models / f"{kept}.pt", device="cpu").model
+        clipped = load_checkpoint(models / f"{variant}-L2-u1-s0-d0.clipped.pt", device="cpu").model
+        seed = 2000 + sorted(table1.VARIANTS).index(variant)
+        again = train_sweep([ModelSpec(f"{variant}-L2-u1-s0-d0", table1.column_noise("1"), seed=0, num_steps=20,
+                                       learning_rate=1e-3, warmup_steps=2, init=deepen(shallower, 0))],
+                            d=10, n=20, num_layers=2, parameterization=variant, batch_size=64, final_fraction=0.0,
+                            dtype="float32", device="cpu", seed=seed, progress=False)
+        for ours, theirs in zip(clipped.parameters(), again[f"{variant}-L2-u1-s0-d0"].model.parameters()):
+            assert torch.equal(ours, theirs)
+    assert {row["checkpoint"] for row in rows if row["depth"] == 2} == {
+        f"models/{variant}-L2-u1-s0-d0.pt" for variant in ("gdpp", "diag", "full")}
+    # the bar counts the two deepened clipped phases and three unclipped ones at 2 layers
+    assert bars[0].total == 3 * (40 + 15) + 2 * (20 + 15) + 15 and bars[0].n == bars[0].total
+    # the setting survives config.json, and the same call resumes the finished run
+    assert json.loads((out / "config.json").read_text())["budget"]["deepen"]["2"]["start"] == "selected"
+    assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
+    # a budget that left it at its default keeps the configuration it had before the setting existed
+    assert "start" not in BUDGETS["cpu"].as_dict()["deepen"]["3"]
+    # a variant with neither seeds nor a deepened start, or an unknown start, is refused before anything is written
+    only_diag = {1: None, 2: replace(deepening, variants=("diag",))}
+    with pytest.raises(Table1Error, match="depth 2 has no seeds, so its GD\\+\\+ models must be deepened"):
+        run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, deepen=only_diag))
+    with pytest.raises(Table1Error, match="Deepening.start is 'seed' .* or 'selected'"):
+        run_table1(tmp_path / "other", "quick", device="cpu",
+                   **dict(options, deepen={1: None, 2: replace(deepening, start="best")}))
+    assert not (tmp_path / "other").exists()
