@@ -279,14 +279,18 @@ BUDGETS = {
         checkpoint_every=100,
         description="a pipeline check for CI (minutes): small batches, few steps, 20 000 evaluation tasks"),
     "cpu": Budget(
-        "cpu", depths=(1, 2, 3), steps={1: 1000, 2: 3000, 3: 5000}, learning_rate={1: 1e-2, 2: 1e-2, 3: 5e-3},
-        seeds={1: (0,), 2: (0, 1), 3: (0, 1)}, batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500},
-        final_fraction=0.01, dtype="float32", init_from_shallower=False,
-        unclipped_steps={1: 0, 2: 2000, 3: 3000}, unclipped_learning_rate=1e-4,
-        nested_init={1: False, 2: ("full",), 3: True}, nested_learning_rate={1: None, 2: None, 3: {"full": 1e-5}},
-        deepen={1: None, 2: None, 3: Deepening()},
+        # 4 layers train only from the 3-layer models the table keeps: GD++ and Diag with a pass-through layer
+        # (before layer 0 or 2), Full nested from that Diag; no seed trains from random weights there
+        "cpu", depths=(1, 2, 3, 4), steps={1: 1000, 2: 3000, 3: 5000, 4: 5000},
+        learning_rate={1: 1e-2, 2: 1e-2, 3: 5e-3, 4: 5e-3}, seeds={1: (0,), 2: (0, 1), 3: (0, 1), 4: ()},
+        batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500, 4: 500}, final_fraction=0.01, dtype="float32",
+        init_from_shallower=False, unclipped_steps={1: 0, 2: 2000, 3: 3000, 4: 3000}, unclipped_learning_rate=1e-4,
+        nested_init={1: False, 2: ("full",), 3: True, 4: ("full",)},
+        nested_learning_rate={1: None, 2: None, 3: {"full": 1e-5}, 4: {"full": 1e-5}},
+        deepen={1: None, 2: None, 3: Deepening(),
+                4: Deepening(variants=("gdpp", "diag"), positions=(0, 2), start="selected")},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
-        description="depths 1-3 on a 2-core CPU in under an hour, the recipe of benchmarks/README.md"),
+        description="depths 1-4 on a 2-core CPU in under an hour, the recipe of benchmarks/README.md"),
     "gpu": Budget(
         "gpu", depths=(1, 2, 3, 4, 5, 6, 7), seeds=(0, 1),
         steps={1: 2000, 2: 6000, 3: 12000, 4: 12000, 5: 12000, 6: 12000, 7: 12000},
