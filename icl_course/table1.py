@@ -1042,7 +1042,7 @@ def _damaged(path: Path) -> Table1Error:
 
 def load_results(path=None) -> list[dict]:
     """The rows of a ``results.json``: of a run's folder or file, or of a shipped run, ``"gpu"`` (the
-    default; depths 1-5) or ``"cpu"`` (depths 1-3, this package's ``cpu`` budget)."""
+    default; depths 1-5) or ``"cpu"`` (depths 1-4, this package's ``cpu`` budget)."""
     path = _shipped_or_path(path, "results.json")
     try:
         return json.loads(path.read_text())["rows"]
