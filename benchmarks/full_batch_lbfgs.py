@@ -1,9 +1,10 @@
 """Is the 3-layer gap at high noise a slow optimiser or a different minimum?  Full-batch L-BFGS says which.
 
-A 3-layer Diag model has 12 weights, so its loss on a fixed sample of tasks can be minimised outright
-with L-BFGS in float64 (a strong-Wolfe line search, no learning rate).  For every column this script:
+A 3-layer Diag model has 12 weights (``--variant gdpp``: GD++, 9), so its loss on a fixed sample of tasks
+can be minimised outright with L-BFGS in float64 (a strong-Wolfe line search, no learning rate).  For every
+column this script:
 
-1. starts L-BFGS from the run's own Diag model (``--run``, the ``cpu`` budget's by default) on
+1. starts L-BFGS from the run's own model (``--run``, the ``cpu`` budget's by default) on
    ``--refine-tasks`` tasks: if the loss barely moves, Adam had already reached a minimum;
 2. starts L-BFGS from ``--starts`` random initialisations on ``--search-tasks`` tasks, keeps the one
    with the lowest loss on that sample, and refines it on the ``--refine-tasks`` sample;
@@ -17,6 +18,7 @@ with L-BFGS in float64 (a strong-Wolfe line search, no learning rate).  For ever
 
     python benchmarks/full_batch_lbfgs.py --columns 5
     python benchmarks/full_batch_lbfgs.py --columns 7 --starts 0
+    python benchmarks/full_batch_lbfgs.py --columns 2 --variant gdpp --starts 16
 
 benchmarks/README.md has the table and what it means for the ``cpu`` budget.
 """
@@ -38,7 +40,7 @@ from icl_course.mixed_noise import diagonal_weights_table, per_task_adjusted_los
 from icl_course.sweep import ModelSpec, train_sweep
 from icl_course.table1 import COLUMNS, PAPER, D, N, column_noise, load_table1_model
 
-DEPTH, VARIANT = 3, "diag"
+DEPTH = 3
 PAPER_EVAL_TASKS = 100_000
 
 
@@ -79,6 +81,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="cpu", help="a shipped run ('cpu', 'gpu') or a table1 --out folder")
     parser.add_argument("--columns", nargs="+", default=["5"], choices=COLUMNS)
+    parser.add_argument("--variant", default="diag", choices=("gdpp", "diag"),
+                        help="the 3-layer model to minimise (GD++ has 9 weights, Diag 12)")
     parser.add_argument("--starts", type=int, default=8, help="random initialisations per column")
     parser.add_argument("--init-scales", nargs="+", type=float, default=[0.05, 0.1, 0.2, 0.3],
                         help="the starts cycle through these weight scales")
@@ -95,7 +99,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--log", type=Path, help="write every result to this JSON file as it comes")
     parser.add_argument("--save", type=Path, help="save every model's weights to this file (torch.save: "
-                        "{'column|model': state_dict}), to load into LinearTransformer(10, 3, 1, 'diag')")
+                        "{'column|model': state_dict}), to load into LinearTransformer(10, 3, 1, VARIANT)")
     args = parser.parse_args(argv)
     if args.eval_tasks < PAPER_EVAL_TASKS:
         parser.error(f"--eval-tasks must be at least {PAPER_EVAL_TASKS} (one sample of the paper's size)")
@@ -110,9 +114,9 @@ def main(argv=None):
         models = {}
 
         started = time.perf_counter()
-        shipped = load_table1_model(VARIANT, DEPTH, column, args.run).double()
+        shipped = load_table1_model(args.variant, DEPTH, column, args.run).double()
         models["the run's model"] = shipped
-        polished = lbfgs(load_table1_model(VARIANT, DEPTH, column, args.run).double(), refine, args.max_iter)
+        polished = lbfgs(load_table1_model(args.variant, DEPTH, column, args.run).double(), refine, args.max_iter)
         models["the run's model + L-BFGS"] = polished
         print(f"sigma_max {column}: the run's model {adjusted_training_loss(shipped, refine):.4f} on the refine "
               f"sample, {adjusted_training_loss(polished, refine):.4f} after L-BFGS "
@@ -122,7 +126,7 @@ def main(argv=None):
         best, best_loss, start_losses = None, math.inf, []
         for start in range(args.starts):
             scale = args.init_scales[start % len(args.init_scales)]
-            model = lbfgs(LinearTransformer(D, DEPTH, 1, VARIANT, init_scale=scale, seed=100 + start,
+            model = lbfgs(LinearTransformer(D, DEPTH, 1, args.variant, init_scale=scale, seed=100 + start,
                                             dtype=torch.float64), search, args.max_iter)
             loss = adjusted_training_loss(model, search)
             start_losses.append(loss)
@@ -143,7 +147,7 @@ def main(argv=None):
             spec = ModelSpec("model", column_noise(column), num_steps=args.adam_steps, learning_rate=args.rate,
                              schedule="cosine", init=models[name])
             # no clipping and no spike rule: the rare large losses are what this phase must see
-            result = train_sweep([spec], d=D, n=N, num_layers=DEPTH, parameterization=VARIANT,
+            result = train_sweep([spec], d=D, n=N, num_layers=DEPTH, parameterization=args.variant,
                                  batch_size=args.batch, clip_norm=None, spike_factor=math.inf, final_fraction=0.01,
                                  dtype="float64", device="cpu", seed=600, progress=False)["model"]
             models[f"{name} + Adam"] = result.model.double()
@@ -154,7 +158,7 @@ def main(argv=None):
             started = time.perf_counter()
             losses, features = per_task_adjusted_losses(model, sampler, args.eval_tasks, chunk_size=10_000,
                                                         seed=900 + index)
-            row = {"column": column, "model": name, "paper": PAPER[VARIANT][DEPTH][index],
+            row = {"column": column, "model": name, "paper": PAPER[args.variant][DEPTH][index],
                    "random_starts_on_search_sample": start_losses,
                    "training_sample": adjusted_training_loss(model, refine),
                    "weights_xx_xy_yx_yy": [[round(value, 5) for value in layer]
