@@ -38,7 +38,7 @@ from icl_course.baselines import oracle_ridge
 from icl_course.evaluate import query_averaged_loss
 from icl_course.mixed_noise import diagonal_weights_table, per_task_adjusted_losses, tail_summary
 from icl_course.sweep import ModelSpec, train_sweep
-from icl_course.table1 import COLUMNS, PAPER, D, N, column_noise, load_table1_model
+from icl_course.table1 import COLUMNS, PAPER, D, N, Table1Error, column_noise, load_table1_model
 
 DEPTH = 3
 PAPER_EVAL_TASKS = 100_000
@@ -99,7 +99,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--log", type=Path, help="write every result to this JSON file as it comes")
     parser.add_argument("--save", type=Path, help="save every model's weights to this file (torch.save: "
-                        "{'column|model': state_dict}), to load into LinearTransformer(10, 3, 1, VARIANT)")
+                        "{'column|model': state_dict}), to load into LinearTransformer(10, 3, 1, variant)")
     args = parser.parse_args(argv)
     if args.eval_tasks < PAPER_EVAL_TASKS:
         parser.error(f"--eval-tasks must be at least {PAPER_EVAL_TASKS} (one sample of the paper's size)")
@@ -114,7 +114,10 @@ def main(argv=None):
         models = {}
 
         started = time.perf_counter()
-        shipped = load_table1_model(args.variant, DEPTH, column, args.run).double()
+        try:
+            shipped = load_table1_model(args.variant, DEPTH, column, args.run).double()
+        except (FileNotFoundError, KeyError, Table1Error) as error:   # no such run, cell, or a damaged file
+            parser.error(error.args[0] if error.args else str(error))
         models["the run's model"] = shipped
         polished = lbfgs(load_table1_model(args.variant, DEPTH, column, args.run).double(), refine, args.max_iter)
         models["the run's model + L-BFGS"] = polished
