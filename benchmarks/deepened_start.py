@@ -25,6 +25,10 @@ With ``--deeper``, it takes the run one layer further the same way: each column'
 1e-3, then ``--steps`` unclipped at 1e-4), and the start and every deeper model are scored on the same tasks:
 
     python benchmarks/deepened_start.py --run DIR --deeper --variants diag --eval-tasks 1000000
+
+``--deeper`` and ``--full-rates`` also take a shipped run's selected models (``--run cpu``), at any
+``--depth`` it has: ``--run cpu --depth 2 --deeper --variants gdpp`` starts 3-layer GD++ models from
+the shipped 2-layer ones.
 """
 
 from __future__ import annotations
@@ -43,7 +47,18 @@ from icl_course.checkpoints import load_checkpoint
 from icl_course.evaluate import adjusted_losses
 from icl_course.models import deepen, widen
 from icl_course.sweep import ModelSpec, train_sweep
-from icl_course.table1 import COLUMN_IDS, COLUMNS, PAPER, VARIANTS, D, Deepening, N, column_noise
+from icl_course.table1 import (
+    COLUMN_IDS,
+    COLUMNS,
+    PAPER,
+    SHIPPED,
+    VARIANTS,
+    D,
+    Deepening,
+    N,
+    column_noise,
+    load_table1_model,
+)
 
 
 def candidates(models: Path, variant: str, depth: int, column: str) -> dict:
@@ -91,8 +106,14 @@ def full_rates(run: Path, args) -> None:
         print(f"| {column} ({name}) | " + " | ".join(cells) + f" | {paper:g} |", flush=True)
 
 
-def selected_models(run: Path, args, variant: str = "diag") -> dict:
-    """{column: (name, model)} of each column's selected ``variant`` of ``args.depth`` layers, in float64."""
+def selected_models(run, args, variant: str = "diag") -> dict:
+    """{column: (name, model)} of each column's selected ``variant`` of ``args.depth`` layers, in float64.
+
+    ``run`` is a run's ``--out`` folder, or the name of a shipped run (``"cpu"``, ``"gpu"``), whose
+    ``models.pt`` holds the selected models only."""
+    if run in SHIPPED:
+        return {column: (f"shipped {run}", load_table1_model(variant, args.depth, column, path=run).double())
+                for column in args.columns}
     starts = {}
     for column in args.columns:
         name = selected(run, variant, args.depth, column)
@@ -142,7 +163,8 @@ def deeper(run: Path, args, variant: str) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", required=True, help="the --out folder of an icl-course table1 run")
+    parser.add_argument("--run", required=True, help="the --out folder of an icl-course table1 run; with --deeper "
+                        f"or --full-rates also a shipped run ({', '.join(SHIPPED)}), which keeps the selected models")
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--variants", nargs="+", default=["diag", "full"], choices=["gdpp", "diag", "full"])
     parser.add_argument("--columns", nargs="+", default=list(COLUMNS), choices=COLUMNS)
@@ -152,15 +174,20 @@ def main(argv=None):
     parser.add_argument("--full-rates", nargs="+", type=float, default=None,
                         help="widen the selected Diag models to Full and train them at these rates instead")
     parser.add_argument("--deeper", action="store_true",
-                        help="deepen each selected Diag by one layer at every position and train it instead")
+                        help="deepen each selected model of --variants by one layer at every position and train "
+                             "it instead")
     parser.add_argument("--steps", type=int, default=3000, help="unclipped steps for --full-rates and --deeper")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    run = Path(args.run)
-    if not (run / "models").is_dir():
-        parser.error(f"{run} has no models/ folder; pass the --out folder of an icl-course table1 run")
+    if args.run in SHIPPED and (args.deeper or args.full_rates):
+        run = args.run
+    elif not (Path(args.run) / "models").is_dir():
+        parser.error(f"{args.run} has no models/ folder; pass the --out folder of an icl-course table1 run (or, with "
+                     f"--deeper or --full-rates, a shipped run: {', '.join(SHIPPED)})")
+    else:
+        run = Path(args.run)
     if args.full_rates:
         full_rates(run, args)
         return

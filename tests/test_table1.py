@@ -639,3 +639,26 @@ def test_a_depth_can_deepen_the_selected_shallower_model_alone(tmp_path, bars):
         run_table1(tmp_path / "other", "quick", device="cpu",
                    **dict(options, deepen={1: None, 2: replace(deepening, start="best")}))
     assert not (tmp_path / "other").exists()
+
+
+def test_the_deepened_start_benchmark_reads_a_shipped_runs_selected_models(capsys):
+    import importlib.util
+    import types
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "deepened_start.py"
+    spec = importlib.util.spec_from_file_location("deepened_start", path)
+    deepened_start = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deepened_start)
+    args = types.SimpleNamespace(depth=2, columns=["2", "{1,3}"])
+    starts = deepened_start.selected_models("cpu", args, "gdpp")
+    assert list(starts) == ["2", "{1,3}"]
+    for column, (name, model) in starts.items():
+        shipped = load_table1_model("gdpp", 2, column, path="cpu")
+        assert name == "shipped cpu" and model.dtype == torch.float64
+        for key, value in shipped.state_dict().items():
+            assert torch.equal(model.state_dict()[key], value.double())
+    # a shipped run keeps only the selected models, so the per-candidate table needs a run's --out folder
+    with pytest.raises(SystemExit):
+        deepened_start.main(["--run", "cpu"])
+    assert "has no models/ folder" in capsys.readouterr().err
