@@ -336,6 +336,15 @@ def _write_json(path: Path, data) -> None:
     _write_text(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
+def _settings_of(config) -> object:
+    """A run's configuration without the budget's description: words, which a later version may change
+    without changing what the run trains, so they must not make its folder refuse to resume."""
+    if isinstance(config, dict) and isinstance(config.get("budget"), dict):
+        budget = {key: value for key, value in config["budget"].items() if key != "description"}
+        return dict(config, budget=budget)
+    return config
+
+
 def _prepare_out(out: Path, config: dict) -> None:
     if out.exists() and not out.is_dir():
         raise Table1Error(f"--out {out} is a file; pass a folder (it will be created if missing)")
@@ -352,7 +361,8 @@ def _prepare_out(out: Path, config: dict) -> None:
         except (OSError, ValueError):
             raise Table1Error(f"{saved_path} is unreadable; this folder was not made by `icl-course table1` "
                               "or is damaged. Pass a new --out.") from None
-        if saved != config:
+        if _settings_of(saved) != _settings_of(config):
+            saved, config = _settings_of(saved), _settings_of(config)
             differ = sorted(key for key in set(saved) | set(config) if saved.get(key) != config.get(key))
             raise Table1Error(
                 f"{out} holds a Table 1 run of another configuration (it differs in: {', '.join(differ)}; "

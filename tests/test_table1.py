@@ -463,6 +463,13 @@ def test_nested_init_can_name_the_variants_that_start_from_the_smaller_one(tmp_p
     budget = json.loads((out / "config.json").read_text())["budget"]
     assert budget["nested_init"] == {"1": ["full"]} and budget["nested_learning_rate"] == {"1": {"full": 3e-5}}
     assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
+    # a budget reworded by a later version still resumes the run; a budget that trains otherwise is refused
+    saved = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(dict(saved, budget=dict(saved["budget"], description="older words"))))
+    assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
+    (out / "config.json").write_text(json.dumps(dict(saved, budget=dict(saved["budget"], batch_size=32))))
+    with pytest.raises(Table1Error, match="another configuration \\(it differs in: budget;"):
+        run_table1(out, "quick", device="cpu", **options)
     with pytest.raises(Table1Error, match="nested_init takes True, False or a list .* got \\['gdpp'\\]"):
         run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, nested_init=["gdpp"]))
     for bad in ({1: {"gdpp": 1e-5}}, {1: {"full": 0}}, {1: 1e-5}, {1: {"full": True}}, {"gdpp": 1e-5}):
