@@ -368,7 +368,7 @@ for process in sleepers:
 """
 
 
-def grade_attacks(tmp_path, attacks: dict) -> dict:
+def grade_attacks(tmp_path, attacks: dict, progress: bool = False) -> dict:
     """Full answers with each student's attack code run first in one task's answer cell (``attacks``:
     student -> (task, code)), graded in the sandbox with a 3 GiB limit; skipped without a control group."""
     probe = ControlGroup.create(f"icl-course-test-{os.getpid()}", 2**30, 16)
@@ -385,7 +385,7 @@ def grade_attacks(tmp_path, attacks: dict) -> dict:
         notebook = with_answer(full, task, attack + find_cell(full, f"task{task}_answer").source)
         (tmp_path / "class" / f"{name}_01.ipynb").write_text(json.dumps(notebook))
     return {submission.student: submission for submission in
-            grade(tmp_path / "class", tmp_path / "out", solutions=solutions, memory_gib=3, progress=False,
+            grade(tmp_path / "class", tmp_path / "out", solutions=solutions, memory_gib=3, progress=progress,
                   sandbox=True)}
 
 
@@ -448,6 +448,31 @@ def test_files_a_submission_writes_count_against_its_one_memory_limit(tmp_path):
     on_disk = sum(path.stat().st_size for path in (tmp_path / "out").rglob("*") if path.is_file())
     assert on_disk < 2**28, f"{on_disk / 2**20:.0f} MiB written under --out"
     assert {path.name for path in Path("/dev/shm").glob("icl-course-*")} == before   # the memory was given back
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
+def test_a_memory_file_system_too_small_for_the_limit_leaves_the_course_folders_on_disk(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """A container's /dev/shm may hold only megabytes: grading says so and keeps each submission's course
+    folder under --out, where the run still grades it in full."""
+    from icl_course.grading import grade as grading
+
+    if grading.memory_file_system() is None:
+        pytest.skip("no memory file system here, so there is nothing to fall back from")
+    real = shutil.disk_usage
+    monkeypatch.setattr(grading.shutil, "disk_usage", lambda path: real(path)._replace(free=2**20)
+                        if Path(path) == grading.memory_file_system() else real(path))
+    folders, make_folder = [], grading.tempfile.mkdtemp
+    monkeypatch.setattr(grading.tempfile, "mkdtemp", lambda *args, **kwargs: folders.append(kwargs.get("dir"))
+                        or make_folder(*args, **kwargs))
+    found = grade_attacks(tmp_path, {"wendy": (1, "")}, progress=True)
+    assert re.search(r"warning: \S+ has less room than \d+ x the memory limit, so the course folders stay on disk",
+                     capsys.readouterr().out)
+    assert grading.memory_file_system() not in folders   # no course folder was made in memory
+    assert found["wendy"].scores == {1: 2.0, 2: 3.0, 3: 3.0, 4: 3.0, 5: 3.0}
+    course = tmp_path / "out" / "nbgrader" / "students" / "wendy" / CHAPTER
+    assert (course / "submitted" / "wendy" / CHAPTER / f"{CHAPTER}.ipynb").is_file()   # the whole course, on disk
 
 
 def test_forged_answer_files_are_refused_and_never_run(graded_class):
