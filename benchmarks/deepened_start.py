@@ -56,6 +56,7 @@ from icl_course.table1 import (
     D,
     Deepening,
     N,
+    Table1Error,
     column_noise,
     load_table1_model,
 )
@@ -188,13 +189,16 @@ def main(argv=None):
                      f"--deeper or --full-rates, a shipped run: {', '.join(SHIPPED)})")
     else:
         run = Path(args.run)
-    if args.full_rates:
-        full_rates(run, args)
-        return
-    if args.deeper:
-        for variant in args.variants:
-            deeper(run, args, variant)
-        return
+    try:
+        if args.full_rates:
+            full_rates(run, args)
+            return
+        if args.deeper:
+            for variant in args.variants:
+                deeper(run, args, variant)
+            return
+    except (KeyError, Table1Error) as error:   # a cell the shipped run does not have, or a damaged models.pt
+        parser.error(error.args[0] if error.args else str(error))
     for variant in args.variants:
         rows, names = [], []
         for column in args.columns:

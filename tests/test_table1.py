@@ -570,14 +570,20 @@ def test_the_candidates_of_a_deep_cell_are_compared_on_as_many_tasks_as_it_is_sc
         assert evaluation["selected"][cell] == _pick_candidate(estimates, deep)
 
 
-def test_the_deeper_cpu_benchmark_budget_runs_at_every_depth_it_accepts(tmp_path):
+def benchmark(name: str):
+    """A script of benchmarks/ imported as a module (the folder is not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "deeper_cpu.py"
-    spec = importlib.util.spec_from_file_location("deeper_cpu", path)
-    deeper_cpu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(deeper_cpu)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_deeper_cpu_benchmark_budget_runs_at_every_depth_it_accepts(tmp_path):
+    deeper_cpu = benchmark("deeper_cpu")
     for depth in range(4, 8):
         budget = deeper_cpu.deeper_budget(depth, [0])
         # the 3-layer recipe as it made benchmarks/README.md's tables: no deepened candidates, Full at 1e-4
@@ -649,14 +655,9 @@ def test_a_depth_can_deepen_the_selected_shallower_model_alone(tmp_path, bars):
 
 
 def test_the_deepened_start_benchmark_reads_a_shipped_runs_selected_models(capsys):
-    import importlib.util
     import types
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "deepened_start.py"
-    spec = importlib.util.spec_from_file_location("deepened_start", path)
-    deepened_start = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(deepened_start)
+    deepened_start = benchmark("deepened_start")
     args = types.SimpleNamespace(depth=2, columns=["2", "{1,3}"])
     starts = deepened_start.selected_models("cpu", args, "gdpp")
     assert list(starts) == ["2", "{1,3}"]
@@ -669,3 +670,7 @@ def test_the_deepened_start_benchmark_reads_a_shipped_runs_selected_models(capsy
     with pytest.raises(SystemExit):
         deepened_start.main(["--run", "cpu"])
     assert "has no models/ folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):   # the shipped run has no 5-layer model: one line, no traceback
+        deepened_start.main(["--run", "cpu", "--depth", "5", "--deeper", "--variants", "gdpp", "--columns", "2"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("no gdpp model of 5 layers for column 2 in "
+                                                                     f"{SHIPPED['cpu'] / 'models.pt'}")
