@@ -835,7 +835,8 @@ def test_the_status_of_a_run_comes_from_its_return_code_notebook_and_limits_not_
     words = "Timeout\nKernel died\nDeadKernel\ntimed out\nAddress already in use\nbecame unresponsive\n"
 
     def problem(returncode, graded, log="", memory=False, processes=False):
-        return _run_problem(returncode, graded, answers, log, memory, processes, 2**30)
+        notebook = nbformat.read(graded, as_version=4) if graded.exists() else None
+        return _run_problem(returncode, notebook, answers, log, memory, processes, 2**30)
 
     clean = executed(tmp_path / "clean.ipynb", nbformat.v4.new_output("stream", name="stdout", text=words))
     assert problem(0, clean, log=words) == ""         # words a learner's code printed change nothing

@@ -51,6 +51,8 @@ same result (the grading seed is kept there).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import csv
 import hashlib
 import json
@@ -77,6 +79,7 @@ from .exercises import run_nbgrader, source_copy
 from .registry import CHECKS
 from .sandbox import ControlGroup, memory_file_system, package_folder, sandbox_problem, sandboxed
 from .stripped import strip_package, withheld_names
+from .untrusted import UnsafeFile, read_untrusted
 
 __all__ = ["Submission", "AnswerKey", "find_submissions", "default_solutions", "grade", "main"]
 
@@ -115,6 +118,12 @@ class AnswerKey:
 
 
 MAX_NOTEBOOK_BYTES = 20 * 2**20   # a notebook with its outputs; anything larger is not graded
+# what the grader reads back from a course folder after the sandbox (nbgrader truncates long text
+# outputs, but not images); a larger file is reported, not read
+MAX_EXECUTED_BYTES = 2 * MAX_NOTEBOOK_BYTES
+MAX_GRADEBOOK_BYTES = 16 * 2**20
+# the scratch course folders in memory: "icl-course-<grader's pid>-<random>" (see _remove_stale_scratch)
+SCRATCH_PREFIX = "icl-course-"
 _SAFE_FOLDER = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
@@ -346,8 +355,9 @@ def _limit_resources(bytes_limit: int, group: "ControlGroup | None" = None):
 
 
 def _autograde(course: Path, assignment: str, student: str, notebook_timeout: float, memory_bytes: int,
-               answers: Path, sandbox: bool = True, package: Optional[Path] = None) -> str:
-    """Run nbgrader autograde for one submission in its own process group; '' on success.
+               answers: Path, sandbox: bool = True, package: Optional[Path] = None) -> tuple:
+    """Run nbgrader autograde for one submission in its own process group; returns ``(problem, executed)``:
+    '' or what went wrong, and the executed notebook (read as untrusted input) or None.
 
     With ``sandbox`` the whole run (nbgrader, the kernel, whatever the learner's code starts) is
     inside :func:`icl_course.grading.sandbox.sandboxed`, which sees only this course folder and
@@ -374,7 +384,7 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
-        return f"stopped after the notebook time limit ({notebook_timeout:g} s)"
+        return f"stopped after the notebook time limit ({notebook_timeout:g} s)", None
     finally:
         try:  # the kernel and anything it started share the process group: none may outlive grading
             os.killpg(process.pid, signal.SIGKILL)
@@ -384,8 +394,27 @@ def _autograde(course: Path, assignment: str, student: str, notebook_timeout: fl
         out_of_processes = group is not None and group.out_of_processes()
         if group is not None:
             group.close()
-    graded = course / "autograded" / student / assignment / f"{assignment}.ipynb"
-    return _run_problem(process.returncode, graded, answers, output, out_of_memory, out_of_processes, memory_bytes)
+    executed, unreadable = _read_executed(course, Path("autograded") / student / assignment / f"{assignment}.ipynb")
+    return _run_problem(process.returncode, executed, answers, output, out_of_memory, out_of_processes, memory_bytes,
+                        unreadable), executed
+
+
+def _read_executed(course: Path, relative: Path) -> tuple:
+    """``(notebook, "")`` for nbgrader's executed notebook, read as untrusted input
+    (:func:`icl_course.grading.untrusted.read_untrusted`), ``(None, "")`` when there is none, and
+    ``(None, why)`` when what is there was not read or not parsed."""
+    try:
+        data = read_untrusted(course, relative, MAX_EXECUTED_BYTES)
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, UnsafeFile) as error:
+        return None, f"the executed notebook was not read ({error})"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return nbformat.reads(data.decode("utf-8"), as_version=4), ""
+    except Exception as error:  # nbgrader wrote it, but the learner's code could write there too
+        return None, f"the executed notebook could not be read ({type(error).__name__})"
 
 
 # The error output nbgrader puts in a cell that ran past the cell time limit (set in _write_config, so
@@ -398,8 +427,8 @@ KERNEL_START_FAILURES = ("Kernel didn't respond", "Kernel died before replying t
 _EXCEPTION_LINE = re.compile(r"^[ \t]*(?:\w+\.)*(\w+(?:Error|Exception)): ?(.*)$", re.M)
 
 
-def _run_problem(returncode: int, graded: Path, answers: Path, log: str, out_of_memory: bool,
-                 out_of_processes: bool, memory_bytes: int) -> str:
+def _run_problem(returncode: int, executed, answers: Path, log: str, out_of_memory: bool,
+                 out_of_processes: bool, memory_bytes: int, unreadable: str = "") -> str:
     """What stopped or troubled one autograde run, in a line for ``status``; '' when nothing did.
 
     The signals, most trusted first: the control group's counters (kept by Linux, outside the
@@ -408,7 +437,9 @@ def _run_problem(returncode: int, graded: Path, answers: Path, log: str, out_of_
     recorded.  nbgrader's log, which mixes nbgrader's messages with whatever the learner's processes
     write to the terminal, is read last, and only to name the exception of a run that failed.
     """
-    failed = returncode != 0 or not graded.exists()
+    if unreadable:   # something the learner's code left in place of the executed notebook
+        return unreadable
+    failed = returncode != 0 or executed is None
     if failed and out_of_memory:
         return (f"the submission reached its memory limit ({memory_bytes / 2**30:g} GiB for all its processes "
                 "together) and was stopped (the answers recorded before that count)")
@@ -427,18 +458,11 @@ def _run_problem(returncode: int, graded: Path, answers: Path, log: str, out_of_
         if name:
             return f"autograding failed: {name}: {message}"[:200]
         return f"autograding failed (nbgrader exited with status {returncode} and kept no executed notebook)"
-    try:
-        timed_out = _timed_out_cells(graded)
-    except Exception as error:  # nbgrader wrote it, but the learner's code could write there too
-        return f"the executed notebook could not be read ({type(error).__name__})"
-    return "a cell exceeded the cell time limit" if timed_out else ""
+    return "a cell exceeded the cell time limit" if _timed_out_cells(executed) else ""
 
 
-def _timed_out_cells(graded: Path) -> int:
+def _timed_out_cells(notebook) -> int:
     """How many cells of the executed notebook nbgrader interrupted at the cell time limit."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        notebook = nbformat.read(graded, as_version=4)
     return sum(output.get("output_type") == "error" and output.get("ename") == CELL_TIMEOUT_ERROR
                for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", []))
 
@@ -453,6 +477,63 @@ def _write_config(course: Path, cell_timeout: float) -> None:
         f"'traceback': ['{CELL_TIMEOUT_ERROR}: the cell ran past the cell time limit ({int(cell_timeout)} s)']}}\n"
         "c.OverwriteCells.add_missing_cells = True\n"
     )
+
+
+def _remove_stale_scratch(folder: Optional[Path]) -> list[Path]:
+    """Remove the scratch course folders that an interrupted grading run left in ``folder`` (the memory file
+    system): those named after a grader process that no longer runs.  Returns what was removed."""
+    removed = []
+    if folder is None:
+        return removed
+    for entry in Path(folder).glob(f"{SCRATCH_PREFIX}*"):
+        found = re.fullmatch(rf"{re.escape(SCRATCH_PREFIX)}(\d+)-\w+", entry.name)
+        try:
+            information = entry.lstat()
+        except OSError:
+            continue
+        if not found or not stat.S_ISDIR(information.st_mode) or information.st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(found.group(1)), 0)
+            continue   # that grader still runs (or its pid was reused: then the folder waits for a later run)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+# the grading process's own address space, beyond what it has mapped when grading starts: it reads
+# every file from a course folder with a size cap, so this is a second line, never reached in use
+GRADER_MEMORY_BYTES = 8 * 2**30
+
+
+@contextlib.contextmanager
+def _memory_cap(extra_bytes: int):
+    """While grading, this process's address space may grow by at most ``extra_bytes`` (a soft limit: the
+    sandboxed children set their own, see :func:`_limit_resources`)."""
+    try:
+        import resource
+    except ImportError:   # not on Linux: nothing to set
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        mapped = int(re.search(r"^VmSize:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1)) * 1024
+    except (OSError, AttributeError):
+        yield
+        return
+    cap = mapped + int(extra_bytes)
+    for limit in (soft, hard):
+        if limit != resource.RLIM_INFINITY:
+            cap = min(cap, limit)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _prepare(out: Path) -> str:
@@ -540,6 +621,9 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
         probe.close()
     # with one limit for all of a submission's processes, its files go to memory too (see _grade_one),
     # where there is room for every job's limit (a container's /dev/shm may hold only megabytes)
+    stale = _remove_stale_scratch(memory_file_system())   # left by a grading run that was interrupted
+    if stale and progress:
+        print(f"removed {len(stale)} scratch folders that an interrupted grading run left in {stale[0].parent}")
     in_memory = memory_file_system() if sandbox and probe is not None else None
     if in_memory is not None and shutil.disk_usage(in_memory).free < memory_gib * 2**30 * max(1, int(jobs)):
         if progress:
@@ -589,7 +673,8 @@ def grade(submissions: Path, out: Path, solutions: Optional[Path] = None, cell_t
     settings = dict(template=template, out=out, secret=secret, notebook_timeout=notebook_timeout,
                     memory_bytes=int(memory_gib * 2**30), hidden_tests_in_feedback=hidden_tests_in_feedback,
                     sandbox=sandbox, packages=packages, in_memory=in_memory)
-    with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:  # each job waits on its own nbgrader process
+    with _memory_cap(GRADER_MEMORY_BYTES), ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
+        # each job waits on its own nbgrader process
         futures = [pool.submit(_grade_one_safely, submission, notebook, keys[submission.assignment], **settings)
                    for submission, notebook in runnable]
         for future in tqdm(as_completed(futures), total=len(futures), desc="grading", disable=not progress):
@@ -635,7 +720,7 @@ def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path,
     copied to ``out`` (each is no larger than that limit), and the rest is dropped.
     """
     kept = out / "nbgrader" / "students" / submission.folder / submission.assignment
-    scratch = Path(tempfile.mkdtemp(prefix="icl-course-", dir=in_memory)) if in_memory else None
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=in_memory)) if in_memory else None
     course = scratch / "course" if scratch else kept
     try:
         _grade_in(course, submission, notebook, key, template, out, secret, notebook_timeout, memory_bytes,
@@ -643,10 +728,13 @@ def _grade_one(submission: Submission, notebook, key: AnswerKey, template: Path,
     finally:
         if scratch:
             relative = Path("autograded") / submission.folder / submission.assignment / f"{submission.assignment}.ipynb"
-            for part in (relative, Path("gradebook.db")):
-                if (course / part).is_file() and not (course / part).is_symlink():
-                    (kept / part).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(course / part, kept / part)
+            for part, limit in ((relative, MAX_EXECUTED_BYTES), (Path("gradebook.db"), MAX_GRADEBOOK_BYTES)):
+                try:   # input like any other: no link followed, a regular file, size-capped
+                    data = read_untrusted(course, part, limit)
+                except (OSError, UnsafeFile):
+                    continue
+                (kept / part).parent.mkdir(parents=True, exist_ok=True)
+                (kept / part).write_bytes(data)
             shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -665,8 +753,8 @@ def _grade_in(course: Path, submission: Submission, notebook, key: AnswerKey, te
         shutil.rmtree(answers, ignore_errors=True)
         answers.mkdir()
         protocol.write_cases(names, answers, seed)   # the kernel gets the inputs, never the seed
-        problem = _autograde(course, submission.assignment, submission.folder, notebook_timeout, memory_bytes,
-                             answers, sandbox, (packages or {}).get(submission.assignment))
+        problem, executed = _autograde(course, submission.assignment, submission.folder, notebook_timeout,
+                                       memory_bytes, answers, sandbox, (packages or {}).get(submission.assignment))
         if "could not start" not in problem:
             break
     if problem:
@@ -675,9 +763,9 @@ def _grade_in(course: Path, submission: Submission, notebook, key: AnswerKey, te
     submission.review = [f"task {number} uses {', '.join(names)}" for number, names in
                          _giveaways(notebook, key).items()]
     shutil.rmtree(answers, ignore_errors=True)
-    graded = course / "autograded" / submission.folder / submission.assignment / f"{submission.assignment}.ipynb"
+    # the executed notebook as read once, safely, after the sandbox; else the notebook as handed in
     _write_feedback(out / "feedback" / submission.folder / f"{submission.assignment}.html",
-                    graded if graded.exists() else target, submission, key, hidden_tests_in_feedback)
+                    executed if executed is not None else notebook, submission, key, hidden_tests_in_feedback)
 
 
 def _newest_per_student(recognised: list) -> list:
@@ -698,7 +786,8 @@ def _newest_per_student(recognised: list) -> list:
 
 def _score(submission: Submission, key: AnswerKey, answers: Path, seed: int, course: Path) -> None:
     """Points per task from the recorded outputs, verified here, outside the student's kernel."""
-    verdicts = protocol.verify_recorded([name for task in key.tasks.values() for name in task.checks], answers, seed)
+    verdicts = protocol.verify_recorded([name for task in key.tasks.values() for name in task.checks], answers, seed,
+                                        root=course)
     kernel_scores = _kernel_scores(course, submission) if any(not task.checks for task in key.tasks.values()) else {}
     for number, task in sorted(key.tasks.items()):
         if task.checks:
@@ -711,17 +800,27 @@ def _score(submission: Submission, key: AnswerKey, answers: Path, seed: int, cou
 
 
 def _kernel_scores(course: Path, submission: Submission) -> dict:
-    """nbgrader's own scores (decided in the student's kernel), for tasks without a trusted check."""
+    """nbgrader's own scores (decided in the student's kernel), for tasks without a trusted check.
+
+    The gradebook is input like any other file of the course folder: read without following links and
+    size-capped, into a private copy that the database library then opens."""
     from nbgrader.api import Gradebook
 
     try:
-        with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-            notebook = gradebook.find_submission_notebook(submission.assignment, submission.assignment,
-                                                          submission.folder)
-            return {int(re.findall(r"\d+", grade.name)[0]): float(grade.auto_score or 0)
-                    for grade in notebook.grades if grade.name.endswith("_check")}
-    except Exception:  # no gradebook or no entry (autograding did not finish): no points
+        data = read_untrusted(course, "gradebook.db", MAX_GRADEBOOK_BYTES)
+    except (OSError, UnsafeFile):
         return {}
+    with tempfile.TemporaryDirectory(prefix="icl-course-gradebook-") as private:
+        private_copy = Path(private) / "gradebook.db"
+        private_copy.write_bytes(data)
+        try:
+            with Gradebook(f"sqlite:///{private_copy}") as gradebook:
+                notebook = gradebook.find_submission_notebook(submission.assignment, submission.assignment,
+                                                              submission.folder)
+                return {int(re.findall(r"\d+", grade.name)[0]): float(grade.auto_score or 0)
+                        for grade in notebook.grades if grade.name.endswith("_check")}
+        except Exception:  # no entry (autograding did not finish) or not a gradebook: no points
+            return {}
 
 
 def _giveaways(notebook, key: AnswerKey) -> dict:
@@ -736,7 +835,7 @@ def _giveaways(notebook, key: AnswerKey) -> dict:
     return used
 
 
-def _write_feedback(target: Path, graded: Path, submission: Submission, key: AnswerKey,
+def _write_feedback(target: Path, graded, submission: Submission, key: AnswerKey,
                     hidden_tests_in_feedback: bool) -> None:
     """nbgrader's feedback page, with the points decided by :func:`_score` and a comment per answer."""
     from nbconvert import HTMLExporter
@@ -744,9 +843,7 @@ def _write_feedback(target: Path, graded: Path, submission: Submission, key: Ans
     from nbconvert.preprocessors.sanitize import SanitizeHTML
     from nbgrader.preprocessors import ClearHiddenTests
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        notebook = nbformat.read(graded, as_version=4)
+    notebook = copy.deepcopy(graded)
     for cell in notebook.cells:
         metadata = _nbgrader_metadata(cell)
         match = re.fullmatch(r"task(\d+)_(check|answer)", metadata.get("grade_id", ""))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import io
 import math
 import numbers
 import os
@@ -367,20 +368,27 @@ def _load_cases(directory: Path, name: str) -> list[dict]:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _load_record(path: Path) -> list:
-    if not path.exists():
+def _load_record(root: Path, relative: Path) -> list:
+    """The entries that :func:`record` saved at ``root/relative``, read as untrusted input
+    (:func:`icl_course.grading.untrusted.read_untrusted`: no link followed, a regular file, size-capped)."""
+    from .untrusted import UnsafeFile, read_untrusted
+    try:
+        data = read_untrusted(root, relative, MAX_RECORD_BYTES)
+    except FileNotFoundError:
         fail("no outputs were recorded (the grading cell did not run: did the notebook stop early?)")
-    if path.stat().st_size > MAX_RECORD_BYTES:
-        fail(f"the recorded outputs take {path.stat().st_size / 2**20:.0f} MiB, more than any answer needs")
-    if zipfile.is_zipfile(path):  # torch.save writes an uncompressed zip: anything else may be a zip bomb
-        with zipfile.ZipFile(path) as archive:
+    except UnsafeFile as problem:
+        fail(f"the recorded outputs were not read: {problem}")
+    buffer = io.BytesIO(data)
+    if zipfile.is_zipfile(buffer):  # torch.save writes an uncompressed zip: anything else may be a zip bomb
+        with zipfile.ZipFile(buffer) as archive:
             entries = archive.infolist()
         unpacked = sum(entry.file_size for entry in entries)
         if unpacked > MAX_RECORD_BYTES or any(entry.compress_type != zipfile.ZIP_STORED for entry in entries):
             fail(f"the recorded outputs would unpack to {unpacked / 2**20:.0f} MiB or are compressed, "
                   "which checks.record never writes")
+    buffer.seek(0)
     try:
-        entries = torch.load(path, map_location="cpu", weights_only=True)
+        entries = torch.load(buffer, map_location="cpu", weights_only=True)
     except Exception as error:  # anything but plain tensors and numbers is refused, never executed
         fail(f"the recorded outputs could not be read safely ({type(error).__name__})")
     if not isinstance(entries, (list, tuple)) or not all(
@@ -389,17 +397,21 @@ def _load_record(path: Path) -> list:
     return list(entries)
 
 
-def verify_recorded(names: list[str], directory: Path, seed: int) -> dict[str, str]:
+def verify_recorded(names: list[str], directory: Path, seed: int, root: Path | None = None) -> dict[str, str]:
     """Verify the outputs that :func:`record` saved in ``directory`` for every check in ``names``.
 
     Runs in the grader's process.  Returns ``{name: ""}`` for a check that passed on every case,
-    otherwise ``{name: what went wrong}``; nothing the recorded file holds is ever executed.
+    otherwise ``{name: what went wrong}``; nothing the recorded file holds is ever executed.  The files
+    are read from ``root`` (the course folder, by default ``directory`` itself) without following a link
+    on any part of the path below it: a link, FIFO or oversized file fails its check, and says so.
     """
+    root = Path(root) if root is not None else Path(directory)
+    relative = Path(directory).relative_to(root)
     verdicts = {}
     for name in names:
         check = find(name)
         try:
-            entries = _load_record(Path(directory) / f"{name}.pt")
+            entries = _load_record(root, relative / f"{name}.pt")
             cases = check.grading_cases(seed)
             if len(entries) != len(cases):
                 fail(f"{len(entries)} outputs were recorded for {len(cases)} grading inputs")

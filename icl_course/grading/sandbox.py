@@ -3,6 +3,12 @@
 ``icl-course grade`` runs each submission's ``nbgrader autograde`` (and so the learner's kernel)
 inside :func:`sandboxed`, which gives it, by construction rather than by a list of known attacks:
 
+* **no capability, whoever starts the grader**: its own user namespace, in which it runs as the
+  unprivileged ``nobody`` with every capability dropped (``--unshare-user --uid 65534 --cap-drop ALL``).
+  Started as root, the grader still gives the learner's code no way to ``mount``, ``umount`` or
+  remount: the read-only folders stay read-only and the hidden ones hidden.  Outside the namespace
+  it acts as the grader's user *without* that user's capabilities, so it cannot leave its control
+  group (``/sys`` is not mounted) or pass a permission check that only root's capabilities pass;
 * **its own PID namespace**: it cannot see or signal the grader, other submissions or any other
   process, and when its first process ends the kernel ends every process left in the namespace
   (a process that detached with ``setsid`` included); ``--die-with-parent`` ends it with the grader;
@@ -42,8 +48,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["SandboxUnavailable", "sandbox_problem", "sandboxed", "package_folder", "ControlGroup"]
+__all__ = ["SandboxUnavailable", "sandbox_problem", "sandboxed", "package_folder", "ControlGroup", "SANDBOX_ID"]
 
+# the user and group the sandboxed command runs as, inside its own user namespace (``nobody``); the
+# grader's own user outside maps to it, so the command can write only where the grader could and holds
+# no capability anywhere
+SANDBOX_ID = 65534
 # the operating system's own read-only parts; those that do not exist are skipped
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 
@@ -250,6 +260,10 @@ def sandboxed(command: list[str], writable: Path | None, hidden: tuple = (), pro
     folder and of any other installed copy of it, so that only the copy can be read.
     """
     arguments = [program or _bubblewrap() or "bwrap", "--die-with-parent", "--new-session",
+                 # a user namespace of its own in which the command is an ordinary user with no capability,
+                 # whoever starts the grader (root included): it cannot mount, unmount or remount anything,
+                 # so the read-only and hidden folders below stay so
+                 "--unshare-user", "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID), "--cap-drop", "ALL",
                  "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox",
                  "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/tmp/home", "--tmpfs", "/run",
                  "--clearenv"]
