@@ -778,19 +778,87 @@ def test_recorded_answers_that_would_unpack_to_gigabytes_are_refused(tmp_path):
     assert "would unpack to 64 MiB or are compressed" in verdicts["best_step_size"]
 
 
-def test_a_learners_markup_is_shown_in_the_feedback_never_run(tmp_path):
-    from icl_course.grading.grade import AnswerKey, Submission, _write_feedback
+# Markup that would run a script in a feedback page, from every place a learner controls: Markdown
+# (raw HTML, a javascript: link, a data: link, SVG), an HTML output, an image output's metadata, an
+# exception text quoted in the task's comment and the grading status; each sets window.owned.
+HOSTILE_MARKDOWN = ("<script>window.owned = 1</script>\n<img src=x onerror=\"window.owned = 2\">\n\n"
+                    "[click me](javascript:window.owned=3) [and me](data:text/html,<script>1</script>) "
+                    "[fine](https://example.org) [top](#top)\n\n"
+                    "<svg><style><img src=x onerror=\"window.owned=4\"></style></svg>\n"
+                    "<a href=\"jav&#x09;ascript:window.owned=5\">tab</a> <iframe src=\"javascript:parent.owned=6\">"
+                    "</iframe>\n\nmaths: $n > d$ and $a < b$")
+PIXEL = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+
+
+def hostile_feedback(tmp_path):
+    """A feedback page built from a notebook that tries every way above; returns its path."""
+    from icl_course.grading.grade import AnswerKey, Submission, Task, _write_feedback
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_markdown_cell("<script>alert('owned')</script>\n<img src=x onerror=alert(2)>"),
-                      nbformat.v4.new_code_cell("1", outputs=[nbformat.v4.new_output(
-                          "display_data", data={"text/html": "<script>alert('again')</script>"})])]
-    graded = tmp_path / "graded.ipynb"
-    nbformat.write(notebook, graded)
-    submission = Submission(path=graded, student="mallory", assignment="tiny", status="graded")
-    _write_feedback(tmp_path / "page.html", graded, submission, AnswerKey("tiny", {}, {}), False)
-    page = (tmp_path / "page.html").read_text()
-    assert "<script>alert(" not in page and not re.search(r"<img[^>]*onerror", page)
-    assert "&lt;script&gt;alert('owned')" in page      # shown as text
+    answer = nbformat.v4.new_code_cell("1", outputs=[
+        nbformat.v4.new_output("display_data", data={"text/html": "<script>window.owned = 7</script>",
+                                                     "text/plain": "an html output"}),
+        nbformat.v4.new_output("display_data", data={"image/png": PIXEL, "text/plain": "a pixel"},
+                               metadata={"image/png": {"width": "1 onerror=window.owned=8 x"}}),
+        nbformat.v4.new_output("display_data", data={"image/svg+xml": "<svg onload='window.owned=9'></svg>"}),
+        nbformat.v4.new_output("error", ename="ValueError", evalue="<img src=x onerror=window.owned=10>",
+                               traceback=["<img src=x onerror=window.owned=11>"])])
+    answer.metadata["nbgrader"] = {"grade_id": "task1_answer", "solution": True, "grade": False, "locked": False}
+    decoy = nbformat.v4.new_markdown_cell("a cell of the learner's own")
+    decoy.metadata["nbgrader"] = {"solution": True, "grade_id": "x", "comment": "<img src=x onerror=window.owned=12>"}
+    notebook.cells = [nbformat.v4.new_markdown_cell(HOSTILE_MARKDOWN), answer, decoy]
+    submission = Submission(path=tmp_path / "x.ipynb", student="mallory", assignment="tiny",
+                            status="graded <img src=x onerror=window.owned=13>")
+    submission.scores = {1: 0.0}
+    submission.comments = {1: "merged_form(case) raised ValueError: <img src=x onerror=window.owned=14>"}
+    _write_feedback(tmp_path / "page.html", notebook, submission,
+                    AnswerKey("tiny", {}, {1: Task(1, 2.0, ["merged_form"], ())}), False)
+    return tmp_path / "page.html"
+
+
+def test_a_learners_markup_is_shown_in_the_feedback_never_run(tmp_path):
+    page = hostile_feedback(tmp_path).read_text()
+    body = page[page.index("<body"):]
+    tags = re.findall(r"<[a-zA-Z][^>]*>", body)
+    assert tags and not [tag for tag in tags if re.search(r"^<(script|iframe|object|embed)|javascript:|\son[a-z]+=", tag, re.I)]
+    assert "Content-Security-Policy" in page and "script-src 'none'" in page
+    assert '<a href="https://example.org">fine</a>' in page and 'href="#top"' in page
+    assert "onerror=window.owned=14" in html.unescape(page)       # the exception text is shown, as text
+    assert f"data:image/png;base64,{PIXEL}" in page                 # an image of the notebook's own stays
+
+
+@pytest.mark.slow
+def test_a_hostile_feedback_page_runs_no_script_in_a_browser(tmp_path):
+    """Opened in Chromium, with every link clicked: window.owned is never set and no dialog opens."""
+    pytest.importorskip("playwright")
+    from playwright.sync_api import sync_playwright
+    from test_browser import find_chromium
+    if find_chromium() is None:
+        pytest.skip("no Chromium on this machine")
+    path = hostile_feedback(tmp_path)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=find_chromium(),
+                                             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page()
+        dialogs = []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.route("**/*", lambda route: route.abort() if not route.request.url.startswith(("file:", "data:"))
+                   else route.continue_())
+        page.goto(path.as_uri())
+        page.wait_for_timeout(500)
+        assert page.evaluate("window.owned") is None
+        for link in page.locator("a[href]").all():
+            try:
+                link.click(timeout=1000, no_wait_after=True)
+            except Exception:  # a link hidden or leaving the page: what matters is what ran
+                pass
+            page.wait_for_timeout(100)
+            if page.url.startswith("file:"):
+                assert page.evaluate("window.owned") is None
+            else:
+                page.go_back()
+        assert page.evaluate("window.owned") is None and dialogs == []
+        assert "<img src=x onerror=window.owned=14>" in page.inner_text("body")   # shown as text
+        browser.close()
 
 
 @pytest.mark.skipif(not SANDBOX, reason=f"no sandbox on this machine: {SANDBOX_PROBLEM}")

@@ -55,6 +55,7 @@ import contextlib
 import copy
 import csv
 import hashlib
+import html
 import json
 import os
 import re
@@ -77,6 +78,7 @@ import nbformat
 from . import protocol
 from .exercises import run_nbgrader, source_copy
 from .registry import CHECKS
+from .safe_html import clean_outputs, sanitise_page
 from .sandbox import ControlGroup, memory_file_system, package_folder, sandbox_problem, sandboxed
 from .stripped import strip_package, withheld_names
 from .untrusted import UnsafeFile, read_untrusted
@@ -837,15 +839,19 @@ def _giveaways(notebook, key: AnswerKey) -> dict:
 
 def _write_feedback(target: Path, graded, submission: Submission, key: AnswerKey,
                     hidden_tests_in_feedback: bool) -> None:
-    """nbgrader's feedback page, with the points decided by :func:`_score` and a comment per answer."""
+    """nbgrader's feedback page, with the points decided by :func:`_score` and a comment per answer.
+
+    Everything the learner controls (Markdown, outputs and their metadata, exception texts in the
+    comments and the status) is shown, never run: see :mod:`icl_course.grading.safe_html`.
+    """
     from nbconvert import HTMLExporter
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-    from nbconvert.preprocessors.sanitize import SanitizeHTML
     from nbgrader.preprocessors import ClearHiddenTests
 
     notebook = copy.deepcopy(graded)
     for cell in notebook.cells:
         metadata = _nbgrader_metadata(cell)
+        metadata.pop("comment", None)   # only the grader's comments below are shown
         match = re.fullmatch(r"task(\d+)_(check|answer)", metadata.get("grade_id", ""))
         if not match or int(match.group(1)) not in key.tasks:
             continue
@@ -853,21 +859,22 @@ def _write_feedback(target: Path, graded, submission: Submission, key: AnswerKey
         if match.group(2) == "check":
             metadata.update(score=submission.scores.get(number, 0.0), points=key.tasks[number].points)
         else:
-            metadata["comment"] = submission.comments.get(number, "")
+            # shown as preformatted text: it quotes the learner's exception messages
+            metadata["comment"] = f"<pre>{html.escape(submission.comments.get(number, ''))}</pre>"
     if not submission.status.startswith("graded"):
-        notebook.cells.insert(0, nbformat.v4.new_markdown_cell(f"**Grading note:** {submission.status}."))
+        notebook.cells.insert(0, nbformat.v4.new_markdown_cell(f"**Grading note:** {html.escape(submission.status)}."))
     total = sum(submission.scores.values())
     resources = {"nbgrader": {"notebook": submission.assignment, "score": total, "max_score": key.max_total,
                               "late_penalty": 0}}
     if not hidden_tests_in_feedback:
         notebook, resources = ClearHiddenTests().preprocess(notebook, resources)
-    # a learner's Markdown and outputs are shown as text, never run (<script>, onerror=, ...)
-    notebook, resources = SanitizeHTML().preprocess(notebook, resources)
+    clean_outputs(notebook)   # plain text and base64 images only, no output metadata
     base = Path(__import__("nbgrader").__file__).parent / "server_extensions" / "formgrader"
     exporter = HTMLExporter(template_name="feedback", extra_template_basedirs=[str(base / "templates")],
                             extra_template_paths=[str(base / "static" / "node_modules" / "bootstrap" / "dist" / "css")])
     exporter.register_preprocessor(CSSHTMLHeaderPreprocessor(), enabled=True)
     page, _ = exporter.from_notebook_node(notebook, resources=resources)
+    page = sanitise_page(page)   # no script, frame, handler or foreign link survives, and a policy forbids them
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(page, encoding="utf-8")
 
