@@ -405,3 +405,70 @@ def test_four_matrix_head_specification_moves_tokens_as_the_merged_form(answers,
     moves = specifications["four_matrix_head_spec"](tokens, W_K, W_Q, W_V, W_P)
     assert moves.abs().max() > 0.1 and torch.allclose(moves, merged, atol=1e-12)
     assert len(specifications) == 5
+
+
+def _poisoned(value, bad: float):
+    """``value`` with its first floating-point entry (or number) replaced by ``bad``."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+        value = value.clone().contiguous()
+        value.view(-1)[0] = bad
+        return value
+    if isinstance(value, (tuple, list)):
+        items = list(value)
+        for index, item in enumerate(items):
+            poisoned = _poisoned(item, bad)
+            if poisoned is not item:
+                items[index] = poisoned
+                return type(value)(items)
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return bad
+    return value
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nan_and_inf_outputs_fail_every_check(answers, bad):
+    """Each check, given the answer key's output with one entry made NaN or infinite, fails it (scores 0)."""
+    for name, check in checks.CHECKS.items():
+        case = check.grading_cases(5)[-1]
+        output = protocol.portable(answers[name](**case.arguments))
+        poisoned = _poisoned(output, bad)
+        assert poisoned is not output, name
+        with pytest.raises(checks.CheckFailed):
+            check.verify(case, poisoned)
+
+
+def test_an_answer_so_large_that_the_loss_overflows_is_not_the_best_preconditioner():
+    """1e300 u u^T makes the preconditioned loss NaN, and "loss > best + tol" is False for NaN."""
+    def overflowing(S, n, second_moment=0.0):
+        u = torch.ones(S.shape[0], 1, dtype=S.dtype)
+        return 1e300 * u @ u.T
+    for seed in (0, 1, 2):
+        with pytest.raises(checks.CheckFailed, match="your B has loss nan"):
+            run("optimal_preconditioner", overflowing, seed=seed)
+    assert not protocol.close(torch.tensor([math.nan]), torch.tensor([0.0]))
+    assert not protocol.close(torch.tensor([0.0]), torch.tensor([math.inf]))
+
+
+def test_the_monte_carlo_task_needs_evidence_of_sampling():
+    def closed_form(d, num_samples=200_000, seed=0):
+        exact = d * (d + 2)
+        return float(exact), math.sqrt((d * (d + 2) * (d + 4) * (d + 6) - exact**2) / num_samples)
+    with pytest.raises(checks.CheckFailed, match="closed forms"):
+        run("fourth_moment_monte_carlo", closed_form, seed=0)
+    with pytest.raises(checks.CheckFailed, match="closed forms"):   # the exact mean beside a sampled error
+        run("fourth_moment_monte_carlo", lambda d, num_samples=200_000, seed=0:
+            (float(d * (d + 2)), 1.01 * closed_form(d, num_samples)[1]), seed=0)
+
+
+def test_each_tasks_reference_functions_are_withheld_by_name():
+    """A function of the package that has the task's own name answers it: it must be withheld by name
+    (the module "theory" in the giveaways withholds nothing)."""
+    from icl_course.grading.sandbox import package_folder
+    from icl_course.grading.stripped import defined_names, withheld_names
+    package = package_folder()
+    defined = defined_names(package) - defined_names(package / "grading")
+    for check in checks.CHECKS.values():
+        if check.name in defined:
+            assert check.name in withheld_names([check], package), check.name
+    assert {"one_step_loss", "optimal_preconditioner"} <= withheld_names(list(checks.CHECKS.values()), package)

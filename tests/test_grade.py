@@ -819,7 +819,8 @@ def test_a_learners_markup_is_shown_in_the_feedback_never_run(tmp_path):
     page = hostile_feedback(tmp_path).read_text()
     body = page[page.index("<body"):]
     tags = re.findall(r"<[a-zA-Z][^>]*>", body)
-    assert tags and not [tag for tag in tags if re.search(r"^<(script|iframe|object|embed)|javascript:|\son[a-z]+=", tag, re.I)]
+    unsafe = r"^<(script|iframe|object|embed)|javascript:|\son[a-z]+="
+    assert tags and not [tag for tag in tags if re.search(unsafe, tag, re.I)]
     assert "Content-Security-Policy" in page and "script-src 'none'" in page
     assert '<a href="https://example.org">fine</a>' in page and 'href="#top"' in page
     assert "onerror=window.owned=14" in html.unescape(page)       # the exception text is shown, as text

@@ -175,7 +175,13 @@ def describe(value) -> str:
 
 
 def close(got: torch.Tensor, expected: torch.Tensor, tolerance: float = 1e-7) -> bool:
-    """Whether ``got`` is within ``tolerance`` of ``expected``, relative to ``expected``'s largest entry."""
+    """Whether ``got`` is within ``tolerance`` of ``expected``, relative to ``expected``'s largest entry.
+
+    Written so that NaN or an infinity anywhere is never close: every comparison is "is within", which
+    is False for NaN, and both tensors must be finite first."""
+    got, expected = torch.as_tensor(got), torch.as_tensor(expected)
+    if not (torch.isfinite(got).all() and torch.isfinite(expected).all()):
+        return False
     return bool((got - expected).abs().max() <= tolerance * (1 + expected.abs().max()))
 
 
