@@ -941,3 +941,124 @@ def test_the_cell_time_limit_error_is_ours_not_nbgraders_default(tmp_path):
     assert config.Execute.timeout == 7 and config.Execute.interrupt_on_timeout
     assert config.Execute.error_on_timeout["ename"] == CELL_TIMEOUT_ERROR
     assert "(7 s)" in config.Execute.error_on_timeout["traceback"][0]
+
+
+ROOT_ATTACK = """import os, subprocess, sys, pathlib
+def attempt(*command):
+    return subprocess.run(command, capture_output=True).returncode
+print("CapEff:", [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")][0])
+print("uid:", os.getuid())
+print("umount source:", attempt("umount", os.path.join(os.getcwd(), "source")))
+print("umount package:", attempt("umount", {package!r}))
+print("remount environment:", attempt("mount", "-o", "remount,rw,bind", {environment!r}))
+try:
+    open(os.path.join({environment!r}, "sybil.py"), "w").write("print('owned')")
+    print("write environment:", 0)
+except OSError as error:
+    print("write environment:", type(error).__name__)
+print("cgroup:", "|".join(open("/proc/self/cgroup").read().split()))
+"""
+
+
+@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
+def test_the_learners_code_has_no_capability_even_when_the_grader_is_root(tmp_path):
+    """Started as root (as the README suggests, for the control group), the sandbox still runs the learner's
+    code as an ordinary user without capabilities: umount, a remount and writing into the Python
+    environment all fail inside, and the control group holds it."""
+    import subprocess
+    import sys
+
+    from icl_course.grading.grade import _limit_resources
+    from icl_course.grading.sandbox import package_folder, sandboxed
+    from icl_course.grading.stripped import strip_package
+    course = tmp_path / "course"
+    (course / "source").mkdir(parents=True)
+    (course / "source" / "key.txt").write_text("the answer key")
+    copy = strip_package(package_folder(), tmp_path / "packages" / "icl_course", {"gd_construction"})
+    environment = str(Path(sys.prefix).resolve())
+    script = ROOT_ATTACK.format(package=str(package_folder()), environment=environment)
+    group = ControlGroup.create(f"icl-course-test-root-{os.getpid()}", 2**30, 64)
+    try:
+        result = subprocess.run(sandboxed([sys.executable, "-c", script], writable=course, hidden=("source",),
+                                          package=copy), capture_output=True, text=True, timeout=60,
+                                preexec_fn=_limit_resources(2**30, group))
+    finally:
+        if group is not None:
+            group.close()
+    report = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert result.returncode == 0, result.stderr
+    assert int(report["CapEff"], 16) == 0 and report["uid"] == "65534"
+    assert report["umount source"] != "0" and report["umount package"] != "0"
+    assert report["remount environment"] != "0" and report["write environment"] == "OSError"
+    assert not (Path(environment) / "sybil.py").exists()
+    if os.getuid() == 0:
+        assert group is not None    # root can always make one here
+    if group is not None:
+        assert group.folders[0].name in report["cgroup"]   # the control group still holds the sandbox
+
+
+def test_files_of_a_course_folder_are_read_as_input(tmp_path):
+    """No link followed on any part of the path, no FIFO opened for long, regular files only, size-capped."""
+    from icl_course.grading.untrusted import UnsafeFile, exists_untrusted, read_untrusted
+    course, elsewhere = tmp_path / "course", tmp_path / "elsewhere"
+    (course / "autograded" / "alice").mkdir(parents=True)
+    elsewhere.mkdir()
+    (elsewhere / "key.ipynb").write_text("the answer key")
+    (course / "autograded" / "alice" / "fine.ipynb").write_text("a notebook")
+    assert read_untrusted(course, "autograded/alice/fine.ipynb", 100) == b"a notebook"
+    (course / "autograded" / "alice" / "link.ipynb").symlink_to(elsewhere / "key.ipynb")
+    (course / "autograded" / "bob").symlink_to(elsewhere, target_is_directory=True)
+    os.mkfifo(course / "autograded" / "alice" / "fifo.pt")
+    (course / "autograded" / "alice" / "big.pt").write_bytes(bytes(101))
+    for relative, kind in (("autograded/alice/link.ipynb", "a symbolic link"),
+                           ("autograded/bob/key.ipynb", "autograded/bob is a symbolic link"),
+                           ("autograded/alice/fifo.pt", "a FIFO"), ("autograded/alice/big.pt", "larger than"),
+                           ("autograded/alice", "a folder")):
+        with pytest.raises(UnsafeFile, match=kind):
+            read_untrusted(course, relative, 100)
+    with pytest.raises(FileNotFoundError):
+        read_untrusted(course, "autograded/alice/missing.ipynb", 100)
+    assert exists_untrusted(course, "autograded/alice/link.ipynb") and not exists_untrusted(course, "autograded/bob/x")
+
+
+def test_verify_recorded_refuses_a_fifo_or_a_link_and_grades_the_rest(tmp_path):
+    from icl_course import checks
+    from icl_course.grading.protocol import record
+    course = tmp_path / "course"
+    answers = course / "answers"
+    answers.mkdir(parents=True)
+    os.environ[checks.ANSWERS_VARIABLE] = str(answers)
+    try:
+        checks.write_cases(["fourth_moment", "gdpp_layers"], answers, seed=3)
+        record("fourth_moment", lambda d: d * (d + 2))
+        from icl_course import theory
+        record("gdpp_layers", theory.gdpp_layers_needed)
+    finally:
+        del os.environ[checks.ANSWERS_VARIABLE]
+    assert checks.verify_recorded(["fourth_moment", "gdpp_layers"], answers, 3, root=course) == \
+        {"fourth_moment": "", "gdpp_layers": ""}
+    (answers / "gdpp_layers.pt").rename(tmp_path / "moved.pt")
+    (answers / "gdpp_layers.pt").symlink_to(tmp_path / "moved.pt")
+    (answers / "fourth_moment.pt").unlink()
+    os.mkfifo(answers / "fourth_moment.pt")
+    started = time.monotonic()
+    verdicts = checks.verify_recorded(["fourth_moment", "gdpp_layers"], answers, 3, root=course)
+    assert time.monotonic() - started < 5
+    assert "fourth_moment.pt is a FIFO" in verdicts["fourth_moment"]
+    assert "gdpp_layers.pt is a symbolic link" in verdicts["gdpp_layers"]
+
+
+def test_an_interrupted_run_leaves_no_scratch_folder_behind(tmp_path):
+    """A scratch folder named after a grader that no longer runs is removed; a running grader's is kept."""
+    import subprocess
+
+    from icl_course.grading.grade import SCRATCH_PREFIX, _remove_stale_scratch
+    ended = subprocess.Popen(["true"])
+    ended.wait()                      # reaped: its process id names no process now
+    dead = tmp_path / f"{SCRATCH_PREFIX}{ended.pid}-abc123"
+    live = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-def456"
+    other = tmp_path / "someone-else"
+    for folder in (dead, live, other):
+        (folder / "course").mkdir(parents=True)
+    assert _remove_stale_scratch(tmp_path) == [dead]
+    assert not dead.exists() and live.exists() and other.exists()

@@ -83,11 +83,20 @@ def read_untrusted(root: Path, relative: Path | str, limit: int) -> bytes:
             descriptor = os.open(name, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC, dir_fd=folder)
         except OSError as error:
             raise _explained(error, Path(relative), folder, name) from None
-        with os.fdopen(descriptor, "rb") as handle:
-            mode = os.fstat(handle.fileno()).st_mode
+        try:
+            mode = os.fstat(descriptor).st_mode
             if not stat.S_ISREG(mode):
                 raise UnsafeFile(f"{relative} is {_kind(mode)}, not a regular file")
-            data = handle.read(limit + 1)
+            chunks, size = [], 0
+            while size <= limit:
+                chunk = os.read(descriptor, min(2**20, limit + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+        finally:
+            os.close(descriptor)
     finally:
         os.close(folder)
     if len(data) > limit:
