@@ -472,3 +472,26 @@ def test_each_tasks_reference_functions_are_withheld_by_name():
         if check.name in defined:
             assert check.name in withheld_names([check], package), check.name
     assert {"one_step_loss", "optimal_preconditioner"} <= withheld_names(list(checks.CHECKS.values()), package)
+
+
+def test_a_memformer_layer_that_ignores_the_mask_fails(answers):
+    """Without the mask M the query token joins the sum Z M Z^T; the graded cases give it a non-zero label,
+    so that this wrong answer fails (with a zero label it would pass)."""
+    from icl_course.grading.chapter5 import reference_memformer_layer
+
+    def unmasked(Z, register, A, alpha, gamma):
+        d, n = Z.shape[-2] - 1, Z.shape[-1] - 1
+        P = torch.zeros(d + 1, d + 1, dtype=Z.dtype)
+        P[d, d] = 1.0
+        Q = torch.zeros(d + 1, d + 1, dtype=Z.dtype)
+        Q[:d, :d] = -A.T
+        new_register = P @ Z @ Z.transpose(-1, -2) @ Q @ Z / n + gamma * register
+        return Z + alpha * new_register, new_register
+    for seed in (0, 1, 2):
+        with pytest.raises(checks.CheckFailed, match="the mask keeps the query column out"):
+            run("memformer_layer", unmasked, seed=seed)
+        run("memformer_layer", answers["memformer_layer"], seed=seed)
+    check = checks.CHECKS["memformer_layer"]
+    for case in check.grading_cases(0)[len(check.examples()):]:
+        assert (case.arguments["Z"][:, -1, -1] != 0).all()       # every drawn case has a query label
+        assert not protocol.close(unmasked(**case.arguments)[1], reference_memformer_layer(**case.arguments)[1])

@@ -60,11 +60,14 @@ def reference_memformer_layer(Z, register, A, alpha, gamma):
     return Z + alpha * new_register, new_register
 
 
-def _layer_case(B: int, n: int, d: int, generator: torch.Generator, fresh: bool) -> Case:
+def _layer_case(B: int, n: int, d: int, generator: torch.Generator, fresh: bool, query_label: bool = False) -> Case:
+    """With ``query_label`` the query token's last entry is not zero (as in a deeper layer, where it holds
+    minus the prediction so far): only then does an implementation that ignores the mask ``M`` go wrong."""
     X, x_t = normal(generator, B, n, d), normal(generator, B, d)
     y = X @ normal(generator, d, 1).squeeze(-1)
     context = torch.cat([X, y.unsqueeze(-1)], -1).transpose(-1, -2)
-    query = torch.cat([x_t, torch.zeros(B, 1, **FLOAT64)], -1).unsqueeze(-1)
+    label = normal(generator, B, 1) if query_label else torch.zeros(B, 1, **FLOAT64)
+    query = torch.cat([x_t, label], -1).unsqueeze(-1)
     Z = torch.cat([context, query], -1)
     register = torch.zeros_like(Z) if fresh else 0.3 * normal(generator, B, d + 1, n + 1)
     A = torch.eye(d, **FLOAT64) + 0.3 * normal(generator, d, d)
@@ -123,8 +126,8 @@ def chapter_5_checks() -> list[Check]:
                          generator_from(rng)) for _ in range(3)]
 
     def layer_draw(rng: random.Random):
-        return [_layer_case(rng.randint(1, 3), rng.randint(3, 12), rng.randint(1, 5), generator_from(rng), False)
-                for _ in range(3)]
+        return [_layer_case(rng.randint(1, 3), rng.randint(3, 12), rng.randint(1, 5), generator_from(rng), False,
+                            query_label=True) for _ in range(3)]
 
     def momentum_draw(rng: random.Random):
         return [_momentum_case(rng.uniform(0.1, 0.9), rng.uniform(0.0, 0.9), rng.randint(1, 6), generator_from(rng))
