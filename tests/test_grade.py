@@ -1062,3 +1062,55 @@ def test_an_interrupted_run_leaves_no_scratch_folder_behind(tmp_path):
         (folder / "course").mkdir(parents=True)
     assert _remove_stale_scratch(tmp_path) == [dead]
     assert not dead.exists() and live.exists() and other.exists()
+
+
+FIFO_IN_PLACE_OF_A_RECORD = """import os
+folder = os.environ["ICL_COURSE_ANSWERS"]
+os.remove(os.path.join(folder, "merged_form.pt"))
+os.mkfifo(os.path.join(folder, "merged_form.pt"))
+os.remove(os.path.join(folder, "linear_attention.pt"))
+os.symlink(os.path.join(folder, "gd_matrices.pt"), os.path.join(folder, "linear_attention.pt"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {SANDBOX_PROBLEM}")
+def test_what_a_submission_leaves_in_its_course_folder_is_input(tmp_path, monkeypatch):
+    """rhea tries root's tools from her kernel; fifi leaves a FIFO and a link in place of two records; sly's
+    executed notebook is replaced by a link to the answer key (as a kernel that raced nbgrader's last write
+    could leave it).  Each is graded right, and hana, honest, beside them in full."""
+    import sys
+
+    from icl_course.grading import grade as grading
+    real = grading._autograde
+
+    def racing(course, assignment, student, *args, **kwargs):
+        problem, executed = real(course, assignment, student, *args, **kwargs)
+        if student == "sly":
+            path = course / "autograded" / student / assignment / f"{assignment}.ipynb"
+            path.unlink()
+            path.symlink_to(ROOT / "solutions" / f"{assignment}.ipynb")
+            return real.__globals__["_read_executed"](course, path.relative_to(course))[1], None
+        return problem, executed
+    monkeypatch.setattr(grading, "_autograde", racing)
+    root_attack = ROOT_ATTACK.format(package=str(grading.package_folder()), environment=str(Path(sys.prefix).resolve()))
+    found = grade_attacks(tmp_path, {"rhea": (5, root_attack), "fifi": (5, FIFO_IN_PLACE_OF_A_RECORD),
+                                     "sly": (5, ""), "hana": (5, "")})
+    assert found["hana"].scores == {1: 2.0, 2: 3.0, 3: 3.0, 4: 3.0, 5: 3.0} and found["hana"].status == "graded"
+    assert found["rhea"].scores == found["hana"].scores and found["rhea"].status == "graded"
+    assert not (Path(sys.prefix).resolve() / "sybil.py").exists()
+    fifi = found["fifi"]
+    assert fifi.scores == {1: 0.0, 2: 0.0, 3: 3.0, 4: 3.0, 5: 3.0}
+    assert "merged_form.pt is a FIFO" in fifi.comments[1]
+    assert "linear_attention.pt is a symbolic link" in fifi.comments[2]
+    sly = found["sly"]
+    assert sly.status.startswith("the executed notebook was not read") and "symbolic link" in sly.status
+    assert sly.scores == found["hana"].scores          # the points come from the records, checked here
+    feedback = (tmp_path / "out" / "feedback" / "sly" / f"{CHAPTER}.html").read_text()
+    assert "### BEGIN SOLUTION" not in feedback and "BEGIN SOLUTION" not in html.unescape(feedback)
+    printed = "".join(output.get("text", "") for output in find_cell(
+        nbformat.read(tmp_path / "out" / "nbgrader" / "students" / "rhea" / CHAPTER / "autograded" / "rhea" / CHAPTER
+                      / f"{CHAPTER}.ipynb", as_version=4), "task5_answer").outputs)
+    report = dict(line.split(": ", 1) for line in printed.splitlines() if ": " in line)
+    assert int(report["CapEff"], 16) == 0 and report["umount source"] != "0" and report["umount package"] != "0"
+    assert report["remount environment"] != "0" and report["write environment"] == "OSError"
