@@ -178,6 +178,9 @@ def graded_class(tmp_path_factory):
     # an answer that never returns loses only its own task
     hand_in(f"submitted/henry/{CHAPTER}/{CHAPTER}.ipynb",
             with_answer(full, 5, "def best_step_size(d, n, num_tasks=20_000, seed=0):\n    while True:\n        pass"))
+    # a cell that raises after the function is defined: full points, and grades.csv names the cell
+    hand_in(f"submitted/nora/{CHAPTER}/{CHAPTER}.ipynb",
+            with_answer(full, 1, find_cell(full, "task1_answer").source + "\nprint(undefined_name)\n"))
     hand_in("ivan_homework.ipynb", nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")]))
     # the attacks
     hand_in(f"submitted/mallory/{CHAPTER}/{CHAPTER}.ipynb", with_answer(full, 2, REDEFINE_HELPERS))
@@ -281,6 +284,16 @@ def test_tampering_and_deleted_checks(graded_class):
 def test_a_hanging_answer_loses_only_its_task(graded_class):
     assert graded_class.task("henry", 5) == 0 and graded_class.total("henry") == FULL - 3
     assert "cell time limit" in graded_class.rows["henry"]["status"]
+
+
+def test_cells_that_raised_or_timed_out_are_named_beside_the_points(graded_class):
+    """nora's task 1 answer defines its function, then raises NameError: full points, and the errors column
+    names the cell; henry's task 5 answer runs past the cell time limit."""
+    assert graded_class.total("nora") == FULL and graded_class.rows["nora"]["errors"] == "task1_answer: NameError"
+    assert "task5_answer: CellTimeoutError" in graded_class.rows["henry"]["errors"]
+    assert graded_class.rows["alice"]["errors"] == ""
+    assert all(row["errors"] == "" for row in graded_class.all_rows
+               if row["student"] == "alice")   # the later chapters run cleanly too
 
 
 def test_malformed_files_get_zero_and_a_reason(graded_class):
@@ -1114,3 +1127,45 @@ def test_what_a_submission_leaves_in_its_course_folder_is_input(tmp_path, monkey
     report = dict(line.split(": ", 1) for line in printed.splitlines() if ": " in line)
     assert int(report["CapEff"], 16) == 0 and report["umount source"] != "0" and report["umount package"] != "0"
     assert report["remount environment"] != "0" and report["write environment"] == "OSError"
+
+
+# Chapter 2 answers that are not answers: an overflowing preconditioner (its loss is NaN), the package's
+# own functions of the task's very name, the closed forms handed in as a Monte-Carlo estimate.
+OVERFLOW = ("def optimal_preconditioner(S, n, second_moment=0.0):\n"
+            "    u = torch.ones(S.shape[0], 1, dtype=S.dtype)\n"
+            "    return 1e300 * u @ u.T\n")
+FROM_THEORY = {3: "from icl_course import theory\n"
+                  "def one_step_loss(d, n, second_moment, c):\n"
+                  "    return theory.one_step_loss(d, n, coefficient=c, second_moment=second_moment)\n",
+               5: "from icl_course import theory\n"
+                  "def optimal_preconditioner(S, n, second_moment=0.0):\n"
+                  "    return theory.optimal_preconditioner(S, n, second_moment=second_moment)\n"}
+CLOSED_FORM = ("import math\n"
+               "def fourth_moment(d):\n    return d * (d + 2)\n"
+               "def fourth_moment_monte_carlo(d, num_samples=200_000, seed=0):\n"
+               "    exact = d * (d + 2)\n"
+               "    return float(exact), math.sqrt((exact * (d + 4) * (d + 6) - exact**2) / num_samples)\n")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SANDBOX, reason=f"no sandbox on this machine: {SANDBOX_PROBLEM}")
+def test_non_answers_to_chapter_2_earn_nothing_beside_an_honest_classmate(tmp_path):
+    (tmp_path / "keys").mkdir()
+    shutil.copy(ROOT / "solutions" / f"{CHAPTER_2}.ipynb", tmp_path / "keys")
+    exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER_2}.ipynb", as_version=4)
+    full = answered(exercise, nbformat.read(tmp_path / "keys" / f"{CHAPTER_2}.ipynb", as_version=4), range(1, 6))
+    (tmp_path / "class").mkdir()
+    for student, notebook in (("alice", full), ("nadia", with_answer(full, 5, OVERFLOW)),
+                              ("theo", with_answer(with_answer(full, 3, FROM_THEORY[3]), 5, FROM_THEORY[5])),
+                              ("monty", with_answer(full, 1, CLOSED_FORM))):
+        (tmp_path / "class" / f"{student}_02.ipynb").write_text(json.dumps(notebook))
+    found = {s.student: s for s in grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys",
+                                         progress=False, jobs=2, sandbox=True)}
+    assert found["alice"].scores == {1: 2.0, 2: 2.0, 3: 3.0, 4: 3.0, 5: 3.0}
+    assert found["nadia"].scores == {1: 2.0, 2: 2.0, 3: 3.0, 4: 3.0, 5: 0.0}
+    assert "your B has loss nan" in found["nadia"].comments[5]
+    assert found["theo"].scores == {1: 2.0, 2: 2.0, 3: 0.0, 4: 3.0, 5: 0.0}
+    for number, name in ((3, "one_step_loss"), (5, "optimal_preconditioner")):
+        assert f"{name} is not available while your work is graded" in found["theo"].comments[number]
+    assert found["monty"].scores == {1: 0.0, 2: 2.0, 3: 3.0, 4: 3.0, 5: 3.0}
+    assert "closed forms" in found["monty"].comments[1]

@@ -38,7 +38,8 @@ What it does, in order:
    kernel) changes that verdict.  Answer cells that name the package's own reference functions are
    listed in the ``review`` column (without the sandbox those functions still answer).
 6. **Writes** ``DIR/grades.csv`` (one row per student and assignment: ``student``, ``assignment``,
-   one column per task, ``total``, ``max_total``, ``status``, ``review``, ``file``) and
+   one column per task, ``total``, ``max_total``, ``status``, ``errors`` (the cells that raised or ran
+   past the cell time limit, with the error's type), ``review``, ``file``) and
    ``DIR/feedback/<student>/<assignment>.html``: nbgrader's feedback page of the executed notebook,
    with these points, a comment under every answer saying what failed, and the hidden tests
    removed (``--hidden-tests-in-feedback`` keeps them).
@@ -144,6 +145,7 @@ class Submission:
     scores: dict = field(default_factory=dict)      # task number -> points earned
     comments: dict = field(default_factory=dict)    # task number -> what failed
     review: list = field(default_factory=list)      # answer cells that use reference functions
+    errors: list = field(default_factory=list)      # cells of the executed notebook that raised or timed out
     max_total: Optional[float] = None
 
     @property
@@ -463,6 +465,23 @@ def _run_problem(returncode: int, executed, answers: Path, log: str, out_of_memo
     return "a cell exceeded the cell time limit" if _timed_out_cells(executed) else ""
 
 
+def _cells_that_raised(notebook) -> list[str]:
+    """``"task1_answer: NameError"``, ``"cell 7: CellTimeoutError"``: each code cell of the executed notebook
+    that ended in an error, named by its nbgrader id (else its position among all cells, from 1), with the
+    error's type.  The points do not depend on it; the instructor sees at once whose notebook did not run
+    cleanly, even when the recorded functions earned full points."""
+    found = []
+    for position, cell in enumerate(notebook.cells, start=1):
+        if cell.get("cell_type") != "code":
+            continue
+        names = [str(output.get("ename", "Error"))[:60] for output in cell.get("outputs", [])
+                 if output.get("output_type") == "error"]
+        if names:
+            where = _nbgrader_metadata(cell).get("grade_id") or f"cell {position}"
+            found.append(f"{str(where)[:60]}: {', '.join(dict.fromkeys(names))}")
+    return found
+
+
 def _timed_out_cells(notebook) -> int:
     """How many cells of the executed notebook nbgrader interrupted at the cell time limit."""
     return sum(output.get("output_type") == "error" and output.get("ename") == CELL_TIMEOUT_ERROR
@@ -761,6 +780,7 @@ def _grade_in(course: Path, submission: Submission, notebook, key: AnswerKey, te
             break
     if problem:
         submission.status = problem
+    submission.errors = _cells_that_raised(executed) if executed is not None else []
     _score(submission, key, answers, seed, course)
     submission.review = [f"task {number} uses {', '.join(names)}" for number, names in
                          _giveaways(notebook, key).items()]
@@ -889,13 +909,14 @@ def _write_grades(out: Path, found: list[Submission], keys: dict) -> None:
     with open(out / "grades.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["student", "assignment", *[f"task{number}" for number in numbers], "total", "max_total",
-                         "status", "review", "file"])
+                         "status", "errors", "review", "file"])
         for submission in sorted(found, key=lambda s: (s.student, s.assignment or "", str(s.path))):
             row = [submission.scores.get(number, 0.0) for number in numbers]
             maximum = f"{keys[submission.assignment].max_total:g}" if submission.assignment else ""
             writer.writerow([spreadsheet_safe(submission.student), submission.assignment or "",
                              *[f"{v:g}" for v in row], f"{sum(row):g}", maximum,
-                             spreadsheet_safe(submission.status), spreadsheet_safe("; ".join(submission.review)),
+                             spreadsheet_safe(submission.status), spreadsheet_safe("; ".join(submission.errors)),
+                             spreadsheet_safe("; ".join(submission.review)),
                              spreadsheet_safe(submission.path.name)])
 
 
@@ -907,6 +928,7 @@ def _print_summary(found: list[Submission]) -> None:
         maximum = f"{submission.max_total:g}" if submission.max_total is not None else "-"
         print(f"  {submission.student:16s} {submission.assignment or '-':45s} {total:5g} / {maximum:<4s} "
               f"{submission.status}"
+              + (f"  [errors: {'; '.join(submission.errors)}]" if submission.errors else "")
               + (f"  [review: {'; '.join(submission.review)}]" if submission.review else ""))
         for number, comment in submission.comments.items():
             if submission.scores.get(number, 0.0) == 0.0:
