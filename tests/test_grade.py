@@ -834,7 +834,9 @@ def test_a_learners_markup_is_shown_in_the_feedback_never_run(tmp_path):
     tags = re.findall(r"<[a-zA-Z][^>]*>", body)
     unsafe = r"^<(script|iframe|object|embed)|javascript:|\son[a-z]+="
     assert tags and not [tag for tag in tags if re.search(unsafe, tag, re.I)]
-    assert "Content-Security-Policy" in page and "script-src 'none'" in page
+    # scripts: none, or only the grader's own, by hash (MathJax)
+    policy = r"Content-Security-Policy\" content=\"default-src 'none'; script-src ('none'|('sha256-[^']+' ?)+);"
+    assert re.search(policy, page)
     assert '<a href="https://example.org">fine</a>' in page and 'href="#top"' in page
     assert "onerror=window.owned=14" in html.unescape(page)       # the exception text is shown, as text
     assert f"data:image/png;base64,{PIXEL}" in page                 # an image of the notebook's own stays
@@ -873,6 +875,73 @@ def test_a_hostile_feedback_page_runs_no_script_in_a_browser(tmp_path):
         assert page.evaluate("window.owned") is None and dialogs == []
         assert "<img src=x onerror=window.owned=14>" in page.inner_text("body")   # shown as text
         browser.close()
+
+
+COURSE_MARKDOWN = ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+                   "(https://colab.research.google.com/github/x/y)\n\n"
+                   "With more points than dimensions ($n > d$) and $a < b$, the layer is\n\n"
+                   "$$\\begin{pmatrix} w_{xx}\\Sigma & w_{xy} \\\\ 0 & w_{yy} \\end{pmatrix}$$\n\n"
+                   "| task | what |\n|---|---|\n| 1 | `merged_form` |\n| 2 | `linear_attention` |\n")
+
+
+def open_feedback(path, check):
+    """Open the feedback page at ``path`` in Chromium, wait for MathJax, and call ``check(page, console errors)``."""
+    pytest.importorskip("playwright")
+    from playwright.sync_api import sync_playwright
+    from test_browser import find_chromium
+    if find_chromium() is None:
+        pytest.skip("no Chromium on this machine")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=find_chromium(),
+                                             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page()
+        errors = []
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(path.as_uri())
+        page.wait_for_function("() => !window.MathJax || (MathJax.startup && MathJax.startup.promise)", timeout=20_000)
+        page.evaluate("() => window.MathJax ? MathJax.startup.promise : null")
+        check(page, errors)
+        browser.close()
+
+
+def _reads_well(page, errors, maths=1):
+    from icl_course.grading.grade import _maths_scripts
+    text = page.inner_text("body")
+    assert not re.search(r"&(gt|lt|amp|quot|#\d+);", text), "literal entities in the page"
+    if _maths_scripts():
+        assert page.locator("mjx-container").count() >= maths
+        assert "\\begin{pmatrix}" not in text and "$n > d$" not in text     # rendered, not shown as TeX
+    broken = page.evaluate("() => [...document.images].filter(image => !(image.complete && image.naturalWidth > 0))"
+                           ".map(image => image.src)")
+    assert broken == [], broken
+    assert errors == [], errors
+
+
+@pytest.mark.slow
+def test_a_feedback_page_renders_maths_offline_with_a_readable_table_and_no_broken_image(tmp_path):
+    from icl_course.grading.grade import AnswerKey, Submission, _write_feedback
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_markdown_cell(COURSE_MARKDOWN)]
+    submission = Submission(path=tmp_path / "x.ipynb", student="alice", assignment="tiny", status="graded")
+    _write_feedback(tmp_path / "page.html", notebook, submission, AnswerKey("tiny", {}, {}), False)
+
+    def check(page, errors):
+        _reads_well(page, errors, maths=3)
+        assert "Open In Colab" in page.inner_text("body")        # the badge, offline, as its alt text
+        cell = page.locator("th").first
+        assert cell.inner_text().strip() == "task"
+        padding = page.evaluate("cell => parseFloat(getComputedStyle(cell).paddingRight)", cell.element_handle())
+        assert padding > 4                                    # "task" and "what" do not run together
+    open_feedback(tmp_path / "page.html", check)
+
+
+@pytest.mark.slow
+def test_a_real_feedback_page_reads_well(graded_class):
+    """alice's feedback page for chapter 1, as an instructor would hand it back: the course's maths rendered
+    offline, no literal entities, no broken image, no console error."""
+    open_feedback(graded_class.out / "feedback" / "alice" / f"{CHAPTER}.html",
+                  lambda page, errors: _reads_well(page, errors, maths=10))
 
 
 @pytest.mark.skipif(not SANDBOX, reason=f"no sandbox on this machine: {SANDBOX_PROBLEM}")

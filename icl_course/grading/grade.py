@@ -55,6 +55,7 @@ import argparse
 import contextlib
 import copy
 import csv
+import functools
 import hashlib
 import html
 import json
@@ -894,9 +895,34 @@ def _write_feedback(target: Path, graded, submission: Submission, key: AnswerKey
                             extra_template_paths=[str(base / "static" / "node_modules" / "bootstrap" / "dist" / "css")])
     exporter.register_preprocessor(CSSHTMLHeaderPreprocessor(), enabled=True)
     page, _ = exporter.from_notebook_node(notebook, resources=resources)
-    page = sanitise_page(page)   # no script, frame, handler or foreign link survives, and a policy forbids them
+    # no script, frame, handler or foreign link survives, and a policy forbids them; MathJax renders the maths
+    page = sanitise_page(page, scripts=_maths_scripts(), style=FEEDBACK_STYLE)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(page, encoding="utf-8")
+
+
+# a readable task table (nbconvert's classic style gives tables neither borders nor padding)
+FEEDBACK_STYLE = ("div.text_cell_render table, div.output_html table {border-collapse: collapse; margin: 0.5em 0}"
+                  "div.text_cell_render th, div.text_cell_render td {border: 1px solid #ccc; padding: 0.3em 0.8em;"
+                  " text-align: left; vertical-align: top}"
+                  "div.text_cell_render th {background: #f3f3f3}"
+                  ".panel-footer pre {white-space: pre-wrap; word-break: normal; overflow-wrap: anywhere}")
+# MathJax 3 with SVG output (no font files) from the sphinx-mathjax-offline distribution, put inline in each
+# feedback page so that the maths renders offline; without it the page shows the TeX source
+MATHJAX_CONFIG = ("window.MathJax = {tex: {inlineMath: [['$', '$'], ['\\\\(', '\\\\)']], processEscapes: true},"
+                  " svg: {fontCache: 'global'}, startup: {typeset: true}};")
+
+
+@functools.lru_cache(maxsize=1)
+def _maths_scripts() -> tuple:
+    """The feedback pages' own scripts: MathJax's configuration and MathJax itself, or () where it is not installed."""
+    import importlib.metadata
+    try:
+        distribution = importlib.metadata.distribution("sphinx-mathjax-offline")
+        source = Path(distribution.locate_file("sphinx-mathjax-offline/static/mathjax/tex-svg.js")).read_text("utf-8")
+    except (importlib.metadata.PackageNotFoundError, OSError, UnicodeDecodeError):
+        return ()
+    return (MATHJAX_CONFIG, source)
 
 
 def spreadsheet_safe(text: str) -> str:

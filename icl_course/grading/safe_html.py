@@ -12,8 +12,9 @@ is opened (``<img onerror=...>``, an image ``width`` that closes its attribute) 
   frames, forms, objects, ``<base>``/``<meta>``/``<link>``, every ``on...`` attribute and every link
   that is not ``http(s)`` or an in-page ``#anchor``; images only from ``data:image/...`` (others are
   replaced by their alt text: offline they would be broken); every attribute re-quoted;
-* a Content-Security-Policy in the page's head that allows no script but the page's own (listed by
-  hash), so that whatever a browser parses differently from Python's parser still runs nothing.
+* a Content-Security-Policy in the page's head that allows no script but the grader's own (listed by
+  hash: MathJax, inline, to render the maths offline), so that whatever a browser parses differently
+  from Python's parser still runs nothing.
 """
 
 from __future__ import annotations
@@ -190,16 +191,25 @@ def content_security_policy(scripts: tuple = ()) -> str:
             "img-src data:; font-src data:; base-uri 'none'; form-action 'none'")
 
 
-def sanitise_page(page: str, scripts: tuple = ()) -> str:
-    """``page`` rewritten by the allow-list above, with the policy (allowing ``scripts``, which the caller
-    puts in the head afterwards) as the first element of its head."""
+def sanitise_page(page: str, scripts: tuple = (), style: str = "") -> str:
+    """``page`` rewritten by the allow-list above; its head then starts with the policy, ``style`` (CSS of
+    the grader's own) and ``scripts`` (the grader's own scripts' texts, the only ones the policy allows)."""
     sanitiser = _Sanitiser()
     sanitiser.feed(page)
     sanitiser.close()
     cleaned = "".join(sanitiser.parts)
-    policy = ('<meta charset="utf-8">'
-              f'<meta http-equiv="Content-Security-Policy" content="{content_security_policy(scripts)}">')
+    # the page loads nothing from outside itself: font files named by its CSS (bootstrap's icons) would be
+    # refused by the policy and missing offline, so their rules go
+    cleaned = re.sub(r"<style[^>]*>.*?</style>", lambda block: re.sub(r"@font-face\s*\{[^}]*\}", "", block.group(0)),
+                     cleaned, flags=re.S | re.I)
+    for text in scripts:
+        if re.search(r"</script", text, re.I):
+            raise ValueError("a script to put inline may not contain </script")
+    ours = ('<meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{content_security_policy(scripts)}">'
+            + (f"<style>{style}</style>" if style else "")
+            + "".join(f"<script>{text}</script>" for text in scripts))
     head = re.search(r"<head[^>]*>", cleaned)
     if head is None:
-        return f"<!DOCTYPE html><html><head>{policy}</head><body>{cleaned}</body></html>"
-    return cleaned[:head.end()] + policy + cleaned[head.end():]
+        return f"<!DOCTYPE html><html><head>{ours}</head><body>{cleaned}</body></html>"
+    return cleaned[:head.end()] + ours + cleaned[head.end():]
