@@ -521,19 +521,28 @@ READ_THE_CATALOGUE = (
     "'best_step_size'))\n")
 
 
+def grade_answers(tmp_path, chapter: str, students: dict) -> dict:
+    """Grade, in the sandbox, one notebook of ``chapter`` per student: the answer key's answers with the
+    student's own answer cells put in (``students``: name -> {task: source}); ``{name: Submission}``."""
+    (tmp_path / "keys").mkdir()
+    shutil.copy(ROOT / "solutions" / f"{chapter}.ipynb", tmp_path / "keys")
+    exercise = nbformat.read(ROOT / "exercises" / f"{chapter}.ipynb", as_version=4)
+    full = answered(exercise, nbformat.read(tmp_path / "keys" / f"{chapter}.ipynb", as_version=4), range(1, 6))
+    (tmp_path / "class").mkdir()
+    for student, answers in students.items():
+        notebook = full
+        for task, source in answers.items():
+            notebook = with_answer(notebook, task, source)
+        (tmp_path / "class" / f"{student}_{chapter[:2]}.ipynb").write_text(json.dumps(notebook))
+    return {s.student: s for s in grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys",
+                                        progress=False, jobs=2, sandbox=True)}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SANDBOX, reason=f"no sandbox on this machine: {SANDBOX_PROBLEM}")
 def test_answers_taken_from_the_package_earn_nothing_in_the_sandbox(tmp_path):
-    (tmp_path / "keys").mkdir()
-    shutil.copy(ROOT / "solutions" / f"{CHAPTER}.ipynb", tmp_path / "keys")
-    exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER}.ipynb", as_version=4)
-    full = answered(exercise, nbformat.read(tmp_path / "keys" / f"{CHAPTER}.ipynb", as_version=4), range(1, 6))
-    (tmp_path / "class").mkdir()
-    for student, notebook in (("alice", full), ("uma", with_answer(full, 3, GIVEAWAYS[3])),
-                              ("rita", with_answer(with_answer(full, 3, READ_THE_FILE), 5, READ_THE_CATALOGUE))):
-        (tmp_path / "class" / f"{student}_01.ipynb").write_text(json.dumps(notebook))
-    found = {s.student: s for s in grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys",
-                                         progress=False, jobs=2, sandbox=True)}
+    found = grade_answers(tmp_path, CHAPTER, {"alice": {}, "uma": {3: GIVEAWAYS[3]},
+                                              "rita": {3: READ_THE_FILE, 5: READ_THE_CATALOGUE}})
     assert found["alice"].scores == {1: 2.0, 2: 3.0, 3: 3.0, 4: 3.0, 5: 3.0}    # the honest answer: full marks
     assert found["uma"].scores == {1: 2.0, 2: 3.0, 3: 0.0, 4: 3.0, 5: 3.0}
     assert found["rita"].scores == {1: 2.0, 2: 3.0, 3: 0.0, 4: 3.0, 5: 0.0}
@@ -1220,17 +1229,8 @@ CLOSED_FORM = ("import math\n"
 @pytest.mark.slow
 @pytest.mark.skipif(not SANDBOX, reason=f"no sandbox on this machine: {SANDBOX_PROBLEM}")
 def test_non_answers_to_chapter_2_earn_nothing_beside_an_honest_classmate(tmp_path):
-    (tmp_path / "keys").mkdir()
-    shutil.copy(ROOT / "solutions" / f"{CHAPTER_2}.ipynb", tmp_path / "keys")
-    exercise = nbformat.read(ROOT / "exercises" / f"{CHAPTER_2}.ipynb", as_version=4)
-    full = answered(exercise, nbformat.read(tmp_path / "keys" / f"{CHAPTER_2}.ipynb", as_version=4), range(1, 6))
-    (tmp_path / "class").mkdir()
-    for student, notebook in (("alice", full), ("nadia", with_answer(full, 5, OVERFLOW)),
-                              ("theo", with_answer(with_answer(full, 3, FROM_THEORY[3]), 5, FROM_THEORY[5])),
-                              ("monty", with_answer(full, 1, CLOSED_FORM))):
-        (tmp_path / "class" / f"{student}_02.ipynb").write_text(json.dumps(notebook))
-    found = {s.student: s for s in grade(tmp_path / "class", tmp_path / "out", solutions=tmp_path / "keys",
-                                         progress=False, jobs=2, sandbox=True)}
+    found = grade_answers(tmp_path, CHAPTER_2, {"alice": {}, "nadia": {5: OVERFLOW}, "theo": FROM_THEORY,
+                                                "monty": {1: CLOSED_FORM}})
     assert found["alice"].scores == {1: 2.0, 2: 2.0, 3: 3.0, 4: 3.0, 5: 3.0}
     assert found["nadia"].scores == {1: 2.0, 2: 2.0, 3: 3.0, 4: 3.0, 5: 0.0}
     assert "your B has loss nan" in found["nadia"].comments[5]
@@ -1239,3 +1239,17 @@ def test_non_answers_to_chapter_2_earn_nothing_beside_an_honest_classmate(tmp_pa
         assert f"{name} is not available while your work is graded" in found["theo"].comments[number]
     assert found["monty"].scores == {1: 0.0, 2: 2.0, 3: 3.0, 4: 3.0, 5: 3.0}
     assert "closed forms" in found["monty"].comments[1]
+
+
+def test_the_grading_process_caps_its_own_memory_while_it_grades():
+    """Inside _memory_cap the process cannot grow by more than the cap (a 1 GiB allocation fails under a
+    256 MiB cap), and the limit it had before comes back afterwards."""
+    import resource
+
+    from icl_course.grading.grade import _memory_cap
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with _memory_cap(256 * 2**20):
+        with pytest.raises(MemoryError):
+            bytearray(2**30)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    assert len(bytearray(2**28)) == 2**28
