@@ -1,33 +1,36 @@
 """What the exercise notebooks import: ``from icl_course import checks``.
 
-A stable, thin front for :mod:`icl_course.grading`: the notebooks call ``checks.self_check(name, f)``,
-``checks.record(name, f)`` (hidden tests), ``checks.hint(name)`` and ``checks.progress(chapter)``.
-How a check runs is in :mod:`icl_course.grading.protocol`; what each check verifies is in its
-chapter's catalogue, :mod:`icl_course.grading.chapter1` and so on; ``CHECKS``, every check by name,
-comes from :mod:`icl_course.grading.registry` (loaded when first used).
+The learner's functions: ``checks.self_check(name, f)``, ``checks.record(name, f)`` (hidden tests),
+``checks.hint(name)`` and ``checks.progress(chapter)`` (:mod:`icl_course.grading.protocol`, the runtime).
+What a check is and the helpers a catalogue builds it from are in :mod:`icl_course.grading.checking`;
+``CHECKS``, every check by name, in :mod:`icl_course.grading.registry`.  The names after the first four
+below are the grader's and the tests', kept here so that code written against this module goes on
+working; new code imports them from those modules.
 """
 
-from .grading.protocol import (
-    ANSWERS_VARIABLE,
-    CASES_FOLDER,
+from .grading.checking import (  # noqa: F401 (the grader's and the tests' names)
     FLOAT64,
     Case,
     Check,
     CheckFailed,
-    Progress,
-    SelfCheckFailed,
     close,
     describe,
     expect_number,
     expect_pair,
     expect_tensor,
     fail,
-    find,
     generator_from,
-    giveaways_used,
-    hint,
     normal,
     plural,
+)
+from .grading.protocol import (  # noqa: F401
+    ANSWERS_VARIABLE,
+    CASES_FOLDER,
+    Progress,
+    SelfCheckFailed,
+    find,
+    giveaways_used,
+    hint,
     portable,
     progress,
     record,
@@ -36,19 +39,7 @@ from .grading.protocol import (
     verify_recorded,
     write_cases,
 )
+from .grading.registry import CHECKS  # noqa: F401
 
-__all__ = ["CHECKS",  # noqa: F822 (given by __getattr__ below)
-           "Case", "Check", "CheckFailed", "SelfCheckFailed", "self_check", "record", "verify_recorded",
-           "recorded_names", "giveaways_used", "hint", "progress", "Progress", "find", "portable",
-           "write_cases", "ANSWERS_VARIABLE", "CASES_FOLDER", "FLOAT64", "fail", "expect_tensor", "expect_number",
-           "expect_pair",
-           "describe", "close", "plural", "generator_from", "normal"]
-
-
-def __getattr__(name: str):
-    # CHECKS is looked up when first asked for, not at import: a chapter's catalogue may then import
-    # its helpers from here while the registry is loading it, whichever of the two is imported first.
-    if name == "CHECKS":
-        from .grading.registry import CHECKS
-        return CHECKS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the learner's functions (what ``from icl_course.checks import *`` gives)
+__all__ = ["self_check", "record", "hint", "progress", "SelfCheckFailed", "Progress"]

@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, answer_key_functions, verify_on_grading_inputs
 
 from icl_course import checks, theory
-from icl_course.grading import protocol
+from icl_course.grading import checking, protocol
 
 
 @pytest.fixture(scope="module")
@@ -364,19 +364,39 @@ def test_no_module_of_the_package_imports_another_ones_private_names():
     assert offenders == []
 
 
-def test_importing_checks_does_not_load_the_catalogues_so_a_catalogue_may_import_from_it():
-    import subprocess
-    import sys
-    script = ("import sys\n"
-              "from icl_course.checks import Case, Check, close, fail\n"    # what a catalogue may import
-              "assert 'icl_course.grading.registry' not in sys.modules\n"
-              "from icl_course.checks import CHECKS\n"
-              "from icl_course.grading import registry\n"
-              "assert CHECKS is registry.CHECKS and 'merged_form' in CHECKS\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    with pytest.raises(AttributeError, match="has no attribute 'CHEKCS'"):
-        checks.CHEKCS
+def test_the_grading_modules_import_one_another_in_one_direction():
+    """checking (what a check is) imports nothing else of grading; the catalogues import checking; the registry
+    the catalogues; the runtime (protocol) the registry: no cycle, no import inside a function, no lazy name."""
+    import ast
+    folder = ROOT / "icl_course" / "grading"
+    imports, inside_functions = {}, []
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names.add(node.module or "")
+                names.update(alias.name for alias in node.names if not node.module)
+        imports[path.stem] = names - {"", path.stem}
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inside_functions += [f"{path.stem}.{function.name}: {node.module}" for node in ast.walk(function)
+                                     if isinstance(node, ast.ImportFrom) and node.level == 1
+                                     and node.module in ("protocol", "registry", "checking")]
+    assert imports["checking"] == set()
+    for chapter in (name for name in imports if name.startswith("chapter")):
+        assert imports[chapter] == {"checking"}, chapter
+    assert "protocol" not in imports["registry"] and "registry" in imports["protocol"]
+
+    def reaches(start, goal, seen=()):
+        return any(name == goal or (name not in seen and reaches(name, goal, (*seen, name)))
+                   for name in imports.get(start, ()))
+    assert [name for name in imports if reaches(name, name)] == []   # no cycle among grading's modules
+    assert inside_functions == []
+    checks_source = (ROOT / "icl_course" / "checks.py").read_text()
+    assert "__getattr__" not in checks_source
+    assert set(checks.__all__) == {"self_check", "record", "hint", "progress", "SelfCheckFailed", "Progress"}
+    assert checks.CHECKS is __import__("icl_course.grading.registry", fromlist=["CHECKS"]).CHECKS
 
 
 @pytest.fixture(scope="module")
@@ -446,8 +466,8 @@ def test_an_answer_so_large_that_the_loss_overflows_is_not_the_best_precondition
     for seed in (0, 1, 2):
         with pytest.raises(checks.CheckFailed, match="your B has loss nan"):
             run("optimal_preconditioner", overflowing, seed=seed)
-    assert not protocol.close(torch.tensor([math.nan]), torch.tensor([0.0]))
-    assert not protocol.close(torch.tensor([0.0]), torch.tensor([math.inf]))
+    assert not checking.close(torch.tensor([math.nan]), torch.tensor([0.0]))
+    assert not checking.close(torch.tensor([0.0]), torch.tensor([math.inf]))
 
 
 def test_the_monte_carlo_task_needs_evidence_of_sampling():
@@ -494,4 +514,4 @@ def test_a_memformer_layer_that_ignores_the_mask_fails(answers):
     check = checks.CHECKS["memformer_layer"]
     for case in check.grading_cases(0)[len(check.examples()):]:
         assert (case.arguments["Z"][:, -1, -1] != 0).all()       # every drawn case has a query label
-        assert not protocol.close(unmasked(**case.arguments)[1], reference_memformer_layer(**case.arguments)[1])
+        assert not checking.close(unmasked(**case.arguments)[1], reference_memformer_layer(**case.arguments)[1])

@@ -11,7 +11,7 @@ import torch
 from ..data import RegressionTasks
 from ..models import LinearSelfAttention, gd_construction
 from ..optimizers import gradient_descent
-from .protocol import (
+from .checking import (
     FLOAT64,
     Case,
     Check,

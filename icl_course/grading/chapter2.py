@@ -12,7 +12,7 @@ import torch
 
 from .. import theory
 from ..models import LinearSelfAttention
-from .protocol import (
+from .checking import (
     FLOAT64,
     Case,
     Check,

@@ -10,7 +10,7 @@ import torch
 
 from .. import theory
 from ..optimizers import newton_inverse
-from .protocol import (
+from .checking import (
     FLOAT64,
     Case,
     Check,

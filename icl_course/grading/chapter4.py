@@ -18,7 +18,7 @@ import torch
 
 from ..baselines import noise_variance_estimate, ridge
 from ..theory import two_noise_construction
-from .protocol import Case, Check, close, expect_number, expect_pair, expect_tensor, fail, generator_from, normal
+from .checking import Case, Check, close, expect_number, expect_pair, expect_tensor, fail, generator_from, normal
 
 __all__ = ["chapter_4_checks", "reference_diag_layer", "reference_noise_posterior"]
 

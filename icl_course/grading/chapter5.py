@@ -14,7 +14,7 @@ import torch
 from ..data import TaskBatch
 from ..memformer import Memformer
 from ..optimizers import conjugate_gradient, momentum_descent
-from .protocol import FLOAT64, Case, Check, close, describe, expect_tensor, fail, generator_from, normal
+from .checking import FLOAT64, Case, Check, close, describe, expect_tensor, fail, generator_from, normal
 
 __all__ = ["chapter_5_checks", "reference_memformer_layer"]
 

@@ -1,11 +1,10 @@
-"""The check protocol: how a learner's function is verified, in the kernel and by the grader.
+"""The check protocol's runtime: how a learner's function is verified, in the kernel and by the grader.
 
-Every function a learner writes in ``exercises/`` has a :class:`Check`: example inputs (what the
-self-check shows), a way to draw fresh inputs from a seed (what grading uses), and ``verify``,
-which compares one output with the package's reference functions and says what is wrong.  Each
-chapter's checks are in its catalogue, :mod:`icl_course.grading.chapter1` and so on, and
-:mod:`icl_course.grading.registry` collects them by name.  The exercise notebooks reach this module
-through :mod:`icl_course.checks`:
+Every function a learner writes in ``exercises/`` has a :class:`~icl_course.grading.checking.Check`
+(:mod:`icl_course.grading.checking`: what a check is, and the helpers its ``verify`` is built from).
+Each chapter's checks are in its catalogue, :mod:`icl_course.grading.chapter1` and so on, and
+:mod:`icl_course.grading.registry` collects them by name; this module runs them.  The exercise
+notebooks reach it through :mod:`icl_course.checks`:
 
 * ``checks.self_check("merged_form", merged_form)`` (visible): verifies the examples in the
   learner's own kernel, so that the learner sees at once what is wrong;
@@ -27,9 +26,6 @@ the same seed, loads the outputs with ``torch.load(weights_only=True)`` (tensors
 tuples; no code runs) and calls :func:`verify_recorded`.  A learner's code can change anything in
 its own kernel, this module's copy included, but not what the grader's process computes: points
 depend only on whether the outputs have the graded properties.
-
-A catalogue builds its checks from the helpers below (``fail``, ``expect_tensor``, ``expect_number``,
-``expect_pair``, ``describe``, ``close``, ``plural``, ``generator_from``, ``normal``), all public.
 """
 
 from __future__ import annotations
@@ -37,35 +33,29 @@ from __future__ import annotations
 import ast
 import copy
 import io
-import math
 import numbers
 import os
 import random
 import re
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
 from ..hints import HINTS
+from .checking import Check, CheckFailed, fail
+from .registry import CHECKS
 
-__all__ = ["Case", "Check", "CheckFailed", "SelfCheckFailed", "self_check", "record", "verify_recorded",
-           "recorded_names", "giveaways_used", "hint", "progress", "Progress", "find", "portable",
-           "write_cases", "ANSWERS_VARIABLE", "CASES_FOLDER", "FLOAT64", "fail", "expect_tensor", "expect_number",
-           "expect_pair",
-           "describe", "close", "plural", "generator_from", "normal"]
+__all__ = ["SelfCheckFailed", "self_check", "record", "verify_recorded", "recorded_names", "giveaways_used", "hint",
+           "progress", "Progress", "find", "registered", "portable", "write_cases", "ANSWERS_VARIABLE",
+           "CASES_FOLDER"]
 
 ANSWERS_VARIABLE = "ICL_COURSE_ANSWERS"
 CASES_FOLDER = "cases"    # in the answers folder: the grading inputs that the grader wrote for the kernel
 LOCAL_SEED = 0            # the grading inputs that the answer keys verify under nbval
 MAX_RECORD_BYTES = 32 * 2**20
-FLOAT64 = dict(dtype=torch.float64, device="cpu")
-
-
-class CheckFailed(AssertionError):
-    """An output does not have the graded property; the message says which and why."""
 
 
 class SelfCheckFailed(AssertionError):
@@ -79,127 +69,10 @@ class SelfCheckFailed(AssertionError):
         return [f"\x1b[1;31mSelf-check failed\x1b[0m: {self}"]
 
 
-@dataclass
-class Case:
-    """One call of a learner's function: its keyword ``arguments`` and what ``verify`` needs besides."""
-
-    arguments: dict
-    context: dict = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        """The case for a message: its numbers and its tensors' shapes, ``B=2, n=5, tokens of shape (2, 6, 3)``."""
-        shown = {key: value for key, value in self.arguments.items() if isinstance(value, (int, float))}
-        shapes = {key: tuple(value.shape) for key, value in self.arguments.items() if isinstance(value, torch.Tensor)}
-        parts = [f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}" for key, value in shown.items()]
-        parts += [f"{key} of shape {shape}" for key, shape in shapes.items()]
-        return ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class Check:
-    """The graded property of one exercise function.
-
-    ``examples()`` gives the self-check's cases; ``draw(rng)`` gives fresh cases from a
-    ``random.Random``; ``verify(case, output)`` raises :class:`CheckFailed` when the output is wrong.
-    ``giveaways`` are package names whose use in the answer cell the grader reports; those that the
-    package defines as functions, classes or methods are withheld from the graded kernel by the
-    sandbox (:mod:`icl_course.grading.stripped`).
-    """
-
-    chapter: int
-    task: int
-    name: str
-    examples: Callable[[], list]
-    draw: Callable[[random.Random], list]
-    verify: Callable[[Case, Any], None]
-    giveaways: tuple = ()
-
-    def grading_cases(self, seed: int) -> list[Case]:
-        """The examples, then fresh cases drawn from ``seed`` (the same on every machine)."""
-        return self.examples() + self.draw(random.Random(f"{self.name}:{int(seed)}"))
-
-
-# -- helpers for verify ------------------------------------------------------------------------
-
-def fail(message: str):
-    """Raise :class:`CheckFailed` with ``message`` (what is wrong, for the learner)."""
-    raise CheckFailed(message)
-
-
-def expect_tensor(value, shape: tuple, what: str) -> torch.Tensor:
-    """``value`` as float64 when it is a finite floating-point tensor of ``shape``; otherwise fail saying why."""
-    if not isinstance(value, torch.Tensor):
-        fail(f"{what} must be a torch tensor, got {describe(value)}")
-    if tuple(value.shape) != tuple(shape):
-        fail(f"{what} must have shape {tuple(shape)}, got {tuple(value.shape)}")
-    if not value.is_floating_point():
-        fail(f"{what} must be a floating-point tensor, got {value.dtype}")
-    if not torch.isfinite(value).all():
-        fail(f"{what} contains NaN or infinite values")
-    return value.to(torch.float64)
-
-
-def expect_number(value, what: str, integer: bool = False) -> float:
-    """``value`` as a float when it is a finite Python number (an ``int`` with ``integer``); otherwise fail."""
-    allowed = numbers.Integral if integer else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, allowed):
-        fail(f"{what} must be a Python {'int' if integer else 'float'}, got {describe(value)}"
-              + (" (use .item())" if isinstance(value, torch.Tensor) else ""))
-    if not math.isfinite(value):
-        fail(f"{what} is {value}")
-    return float(value)
-
-
-def expect_pair(value, what: str) -> tuple:
-    """``value`` as a tuple when it is a pair; otherwise fail."""
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        fail(f"{what} must return a pair, got {describe(value)}")
-    return tuple(value)
-
-
-def plural(count: int, noun: str) -> str:
-    """``"1 layer"``, ``"3 layers"``."""
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
-def describe(value) -> str:
-    """What ``value`` is, for a message: ``a tensor of shape (3, 4)``, ``a tuple of length 3``, ``a float``."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)}"
-    if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of length {len(value)}"
-    if isinstance(value, str) and value.startswith("<"):
-        return value.strip("<>")
-    return f"a {type(value).__name__}"
-
-
-def close(got: torch.Tensor, expected: torch.Tensor, tolerance: float = 1e-7) -> bool:
-    """Whether ``got`` is within ``tolerance`` of ``expected``, relative to ``expected``'s largest entry.
-
-    Written so that NaN or an infinity anywhere is never close: every comparison is "is within", which
-    is False for NaN, and both tensors must be finite first."""
-    got, expected = torch.as_tensor(got), torch.as_tensor(expected)
-    if not (torch.isfinite(got).all() and torch.isfinite(expected).all()):
-        return False
-    return bool((got - expected).abs().max() <= tolerance * (1 + expected.abs().max()))
-
-
-def generator_from(rng: random.Random) -> torch.Generator:
-    """A CPU torch generator seeded from ``rng``: a case drawn from a seed is the same on every machine."""
-    return torch.Generator().manual_seed(rng.getrandbits(62))
-
-
-def normal(generator: torch.Generator, *shape) -> torch.Tensor:
-    """Standard normal float64 CPU entries of ``shape``, drawn from ``generator``."""
-    return torch.randn(*shape, generator=generator, **FLOAT64)
-
-
 # -- the three places a check runs ------------------------------------------------------------
 
 def registered() -> dict[str, Check]:
     """Every check of the course by name (:data:`icl_course.grading.registry.CHECKS`)."""
-    from .registry import CHECKS  # imported here: the catalogues that the registry loads import this module
     return CHECKS
 
 

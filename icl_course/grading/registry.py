@@ -1,7 +1,7 @@
 """Every graded check of the course by name, built in one place from the chapters' catalogues.
 
 A chapter's catalogue is the module ``icl_course.grading.chapterN`` with a function
-``chapter_N_checks() -> list[Check]`` (see :mod:`icl_course.grading.protocol`).  To register a new
+``chapter_N_checks() -> list[Check]`` (see :mod:`icl_course.grading.checking`).  To register a new
 chapter's catalogue, add its number to :data:`CHAPTERS`; nothing else changes.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Iterable
 
-from .protocol import Check
+from .checking import Check
 
 __all__ = ["CHAPTERS", "CHECKS", "catalogue", "build_registry"]
 
