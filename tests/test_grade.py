@@ -1195,6 +1195,8 @@ def test_what_a_submission_leaves_in_its_course_folder_is_input(tmp_path, monkey
     assert fifi.scores == {1: 0.0, 2: 0.0, 3: 3.0, 4: 3.0, 5: 3.0}
     assert "merged_form.pt is a FIFO" in fifi.comments[1]
     assert "linear_attention.pt is a symbolic link" in fifi.comments[2]
+    assert re.fullmatch(r"graded; records not read: answers/merged_form.pt is a FIFO.*; answers/linear_attention.pt "
+                        r"is a symbolic link.*", fifi.status)
     sly = found["sly"]
     assert sly.status.startswith("the executed notebook was not read") and "symbolic link" in sly.status
     assert sly.scores == found["hana"].scores          # the points come from the records, checked here

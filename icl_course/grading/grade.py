@@ -820,6 +820,15 @@ def _score(submission: Submission, key: AnswerKey, answers: Path, seed: int, cou
         else:
             submission.scores[number] = min(task.points, kernel_scores.get(number, 0.0))
             submission.comments[number] = "Scored by the checks in the notebook."
+    # a link, FIFO or oversized file left in place of a record is the grader's concern too, not only the task's
+    refused = [verdict.split(RECORD_REFUSED, 1)[1].strip() for verdict in verdicts.values()
+               if RECORD_REFUSED in verdict]
+    if refused:
+        submission.status += f"; records not read: {'; '.join(refused)}"
+
+
+# how protocol.verify_recorded words a record that read_untrusted refused
+RECORD_REFUSED = "the recorded outputs were not read:"
 
 
 def _kernel_scores(course: Path, submission: Submission) -> dict:
