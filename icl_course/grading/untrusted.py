@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["UnsafeFile", "read_untrusted", "exists_untrusted"]
+__all__ = ["UnsafeFile", "read_untrusted"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -103,17 +103,3 @@ def read_untrusted(root: Path, relative: Path | str, limit: int) -> bytes:
         raise UnsafeFile(f"{relative} is larger than the {limit / 2**20:g} MiB the grader reads")
     return data
 
-
-def exists_untrusted(root: Path, relative: Path | str) -> bool:
-    """Whether ``root/relative`` exists (as anything) on a path of real folders; follows no link."""
-    try:
-        folder, name = _open_parts(Path(root), Path(relative))
-    except (OSError, UnsafeFile):
-        return False
-    try:
-        os.stat(name, dir_fd=folder, follow_symlinks=False)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(folder)
