@@ -57,8 +57,8 @@ from .runtime import check_count, make_generator, resolve_device, resolve_dtype
 
 __all__ = ["ATTENTIONS", "MEMORIES", "MODELS", "SETTINGS", "BASELINES", "Memformer", "cg_coefficients",
            "momentum_coefficients", "covariance", "paper_tasks", "one_layer_optimum", "build", "train_models",
-           "tuned_baselines", "run_experiments", "load_experiments", "load_model", "final_losses",
-           "loss_band"]
+           "tuned_baselines", "small_batch_experiment", "run_experiments", "load_experiments", "load_model",
+           "final_losses", "loss_band"]
 
 ATTENTIONS = ("identity", "gd", "full")
 MEMORIES = ("none", "cgd", "lfom")
@@ -456,7 +456,8 @@ def _stacked_loss(layer_weights, w, covariances):
     return 0.5 * torch.einsum("kmbi,mij,kmbj->kmb", error, covariances, error)
 
 
-def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = None) -> dict:
+def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = None,
+                 fixed_batch: Optional[int] = None) -> dict:
     """Train one model of ``family`` per depth in ``depths`` and per sampler, all at once (vectorised).
 
     The model for depth ``L`` and sampler ``m`` is built with seed ``seeds[m]``; all models of one sampler
@@ -464,7 +465,8 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     ``clip_norm``; the loss is the query-averaged loss of the model's last layer.  Every ``curve_every``
     steps each model is scored on the same ``curve_tasks`` fresh tasks (never trained on).  Returns
     ``{L: (weights, curve)}``: a state dict whose tensors have the samplers first, and the
-    (samplers, num_steps // curve_every + 1) curve.
+    (samplers, num_steps // curve_every + 1) curve.  ``fixed_batch=B`` fits one batch of ``B`` tasks per sampler
+    instead (Dutta et al.'s small-batch experiment), returned as ``{L: (weights, curve, (X, y, w))}``.
     """
     r = recipe or RECIPE
     depths, deepest, S = list(depths), max(depths), len(samplers)
@@ -504,7 +506,9 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
                 curve.append(losses(*checks))
         if step == r["num_steps"]:
             break
-        loss = losses(*_stacked_batches(factors, r["batch_size"], generator))
+        if fixed_batch is None or step == 0:
+            batch = _stacked_batches(factors, r["batch_size"] if fixed_batch is None else fixed_batch, generator)
+        loss = losses(*batch)
         optimizer.zero_grad()
         loss.sum().backward()
         for leaf in leaves:   # a coefficient no model uses (gamma_1, layers past a model's depth) gets none
@@ -526,8 +530,40 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
         params = {"A": params["alpha"][..., None, None, None] * params["A"]}
     for index, depth in enumerate(depths):   # keep each model's own layers
         weights = {k: v[index, :, :depth].detach().clone() for k, v in {**params, **buffers}.items()}
-        trained[depth] = (weights, curve[index])
+        trained[depth] = (weights, curve[index]) if fixed_batch is None else (weights, curve[index], batch)
     return trained
+
+
+def small_batch_experiment(sizes=(1, 10), recipe: Optional[dict] = None) -> dict:
+    """Dutta et al.'s small-batch comparison: the scalar CGD-like Memformer fitted to one batch of ``B`` tasks
+    (per seed, on the rotated data), scored on **that batch** against CG run on the same tasks, and on
+    ``shallow_eval_tasks`` fresh tasks.  Returns ``{B: {"batch": (seeds, depths), "cg_batch": ..., "fresh": ...,
+    "fresh_stderr": ...}}``."""
+    r = recipe or RECIPE
+    seeds = list(r["seeds"])
+    samplers = [paper_tasks("rotated", seed) for seed in seeds]
+    S = _factors(samplers)[0]
+    out = {}
+    for size in sizes:
+        trained = train_models("CGD-like (scalars)", r["depths"], samplers, seeds, r, fixed_batch=size)
+        rows = {"batch": [], "cg_batch": [], "fresh": [], "fresh_stderr": []}
+        for depth, (weights, _, (X, y, w)) in trained.items():
+            fitted, cg, fresh, stderr = [], [], [], []
+            for m, seed in enumerate(seeds):
+                model = build("CGD-like (scalars)", depth)
+                model.load_state_dict(unstack(weights, m))
+                with torch.no_grad():
+                    error = model(X[m], y[m]).weights - w[m]
+                cg_error = conjugate_gradient(X[m], y[m], depth)[:, -1] - w[m]
+                fitted.append(0.5 * ((error @ S[m]) * error).sum(-1).mean())
+                cg.append(0.5 * ((cg_error @ S[m]) * cg_error).sum(-1).mean())
+                means, errors = score(model, samplers[m], r["shallow_eval_tasks"], seed=9_000 + seed + depth)
+                fresh.append(means[-1])
+                stderr.append(errors[-1])
+            for key, values in zip(rows, (fitted, cg, fresh, stderr)):
+                rows[key].append(torch.stack(values))
+        out[size] = {key: torch.stack(values, 1) for key, values in rows.items()}
+    return out
 
 
 def eval_count(depth: int, recipe: Optional[dict] = None) -> int:
@@ -608,6 +644,7 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
             raise ValueError(f"{path} was made with another recipe; pass resume=False (or another path) to start over")
         results["models"], results["baselines"] = done["models"], done["baselines"]
         results["seconds"] = done.get("seconds", {})
+        results.update({key: done[key] for key in ("small_batch", "total_seconds", "timing") if key in done})
     seeds = list(r["seeds"])
     for setting in SETTINGS:
         if setting not in results["baselines"]:
@@ -617,6 +654,12 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
             results["seconds"] = {**results.get("seconds", {}), f"baselines {setting}": time.perf_counter() - start}
             torch.save(results, path)
             print(f"baselines {setting}: {time.perf_counter() - start:.0f} s", flush=True)
+    if "small_batch" not in results:
+        start = time.perf_counter()
+        results["small_batch"] = small_batch_experiment(recipe=r)
+        results["seconds"] = {**results.get("seconds", {}), "small batches": time.perf_counter() - start}
+        torch.save(results, path)
+        print(f"small batches: {time.perf_counter() - start:.0f} s", flush=True)
     samplers = _samplers(seeds)
     for family in MODELS:
         if all(depth in results["models"][s][family] for s in SETTINGS for depth in r["depths"]):

@@ -208,6 +208,9 @@ def test_the_shipped_experiments_hold_every_model_at_every_depth_scored_on_enoug
                 assert (run["stderr"] > 0).all() and (run["stderr"] < 0.1 * run["mean"]).all(), (setting, family, depth)
                 assert memformer.load_model(results, setting, family, depth, seed=2).num_layers == depth
     assert memformer.eval_count(2) == recipe["shallow_eval_tasks"] and memformer.eval_count(3) == 1_000_000
+    for size, part in results["small_batch"].items():   # Dutta et al.'s small-batch fits, B = 1 and 10
+        assert size in (1, 10) and set(part) == {"batch", "cg_batch", "fresh", "fresh_stderr"}
+        assert all(values.shape == (len(recipe["seeds"]), len(recipe["depths"])) for values in part.values())
 
 
 def test_experiments_resume_from_their_file_and_refuse_another_recipe(tmp_path, monkeypatch):
