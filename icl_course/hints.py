@@ -140,6 +140,6 @@ HINTS: dict[str, tuple[str, ...]] = {
     "momentum_alpha_gamma": (
         "Write the Memformer's update w_{l+1} - w_l = alpha_l r_l with r_l = -grad + gamma_l r_{l-1}.",
         "Use alpha_{l-1} r_{l-1} = w_l - w_{l-1} and match the coefficients of -grad and of (w_l - w_{l-1}).",
-        "alpha_l = eta and gamma_l = mu alpha_{l-1} / alpha_l = mu, for every layer.",
+        "alpha_l = eta_l and gamma_l = mu_l alpha_{l-1} / alpha_l (gamma_1 is never used: set it to 0).",
     ),
 }

@@ -26,26 +26,39 @@ Attention per head (``attention=``): ``"identity"`` (``A_l = I``, nothing learne
 only add up, ``sum_k A_k``, to one preconditioner; full heads are a sum of ``H`` different bilinear
 maps of the Gram matrix, which one head cannot write.
 
-Everything runs batched over tasks.  The context columns are kept explicitly (an LFOM gate may
-treat each column differently, so they do not all move by one matrix); the query column is kept as
-a linear map of ``x_t``, so every model returns its implicit linear model ``w^l`` after each layer
-(prediction ``<w^l, x_t> = -`` the query's label slot), as :class:`~icl_course.models.ModelOutput`.
+Everything runs batched over tasks, and every model returns its implicit linear model ``w^l`` after
+each layer (prediction ``<w^l, x_t> = -`` the query's label slot), as
+:class:`~icl_course.models.ModelOutput`.  Models with gates or full ``P, Q`` run on the token matrix
+(an LFOM gate may treat each column differently, so the columns do not all move by one matrix); the
+others run the same recursion on ``w`` itself, which is exact and much cheaper.
+
+The second half of the module is chapter 5's experiment pipeline (Dutta et al.'s data law
+:func:`paper_tasks`, many models trained at once by :func:`train_models`, fairly tuned baselines,
+the shipped results file); figures and sliders live in :mod:`icl_course.plots` and
+:mod:`icl_course.widgets`.
 """
 
 from __future__ import annotations
 
-import ast
+import math
+import pathlib
+import time
 from typing import Optional
 
 import torch
 from torch import nn
+from torch.func import functional_call, stack_module_state, vmap
 
-from .data import TaskBatch, check_context, context_of
+from .data import RegressionTasks, TaskBatch, check_context, context_of
+from .evaluate import per_layer_loss
 from .models import ModelOutput
+from .optimizers import conjugate_gradient, gradient_descent, momentum_descent, tune_momentum, tune_step_sizes
 from .runtime import check_count, make_generator, resolve_device, resolve_dtype
 
-__all__ = ["ATTENTIONS", "MEMORIES", "Memformer", "cg_coefficients", "momentum_coefficients", "run_experiments",
-           "load_experiments", "load_model", "eval_count", "covariance", "show_coefficients", "coefficient_explorer"]
+__all__ = ["ATTENTIONS", "MEMORIES", "MODELS", "SETTINGS", "BASELINES", "Memformer", "cg_coefficients",
+           "momentum_coefficients", "covariance", "paper_tasks", "one_layer_optimum", "build", "train_models",
+           "tuned_baselines", "small_batch_experiment", "run_experiments", "load_experiments", "load_model",
+           "final_losses", "loss_band"]
 
 ATTENTIONS = ("identity", "gd", "full")
 MEMORIES = ("none", "cgd", "lfom")
@@ -215,8 +228,11 @@ class Memformer(nn.Module):
         return value.expand(B, L)
 
     def forward(self, batch: TaskBatch | torch.Tensor, y: Optional[torch.Tensor] = None,
-                x_t: Optional[torch.Tensor] = None, alpha=None, gamma=None) -> ModelOutput:
-        """Every layer's implicit weights ``w^l`` (B, L, d) and predictions (B, L) (None without ``x_t``)."""
+                x_t: Optional[torch.Tensor] = None, alpha=None, gamma=None, tokens: bool = False) -> ModelOutput:
+        """Every layer's implicit weights ``w^l`` (B, L, d) and predictions (B, L) (None without ``x_t``).
+
+        ``tokens=True`` runs on the token matrix ``Z`` even where a cheaper exact recursion exists (to check it).
+        """
         X, y, x_t = context_of(batch, y, x_t)
         check_context(X, y)
         B, n, d = X.shape
@@ -231,6 +247,67 @@ class Memformer(nn.Module):
                              f"{self.device}; use batch.to(...)")
         if self.memory != "cgd" and (alpha is not None or gamma is not None):
             raise ValueError("alpha and gamma replace the coefficients of memory='cgd' only")
+        if tokens or self.attention == "full":
+            weights = self._token_forward(X, y, alpha, gamma)
+        elif self.memory == "lfom":
+            weights = self._label_recursion(X, y)
+        else:
+            weights = self._weight_recursion(X, y, alpha, gamma)
+        predictions = None if x_t is None else (weights @ x_t.unsqueeze(-1)).squeeze(-1)
+        return ModelOutput(layer_weights=weights, layer_predictions=predictions)
+
+    def _weight_recursion(self, X: torch.Tensor, y: torch.Tensor, alpha, gamma) -> torch.Tensor:
+        """``w^l`` (B, L, d) of a GD-form model without gates, on ``w`` itself: each layer is
+        ``r_l = -A_l grad R(w_l) + gamma_l r_{l-1}``, ``w_{l+1} = w_l + alpha_l r_l`` (``gamma = 0``,
+        ``alpha = 1`` without memory), which is what the token matrix computes (section 1 of chapter 5;
+        ``tests/test_memformer.py`` checks the two paths agree).  Far cheaper than the tokens."""
+        B, n, d = X.shape
+        Sigma = X.transpose(-1, -2) @ X / n
+        moment = (X.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1) / n
+        A = self.A.sum(1)                                                   # heads add up: (L, d, d)
+        if self.memory == "cgd":
+            alphas, gammas = self._coefficients(alpha, "alpha", B), self._coefficients(gamma, "gamma", B)
+        w = torch.zeros(B, d, dtype=X.dtype, device=X.device)
+        register, layer_weights = None, []
+        for layer in range(self.num_layers):
+            gradient = (Sigma @ w.unsqueeze(-1)).squeeze(-1) - moment
+            update = -gradient @ A[layer].T
+            if self.memory == "cgd":
+                if register is not None:
+                    update = update + gammas[:, layer, None] * register
+                register = update
+                update = alphas[:, layer, None] * update
+            w = w + update
+            layer_weights.append(w)
+        return torch.stack(layer_weights, dim=1)
+
+    def _label_recursion(self, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``w^l`` (B, L, d) of a GD-form LFOM model from the label row of ``Z`` alone (nothing else moves).
+
+        Layer ``j`` reads the context's label slots ``r`` (B, n), ``c_j = X^T r / n``, and writes
+        ``-<A_j c_j, x_i>`` into context column ``i`` and ``A_j c_j`` into ``w``; layer ``l`` adds every
+        past write gated by the label row of ``Gamma_j^(l)`` (its first ``n`` entries for the context,
+        the last for the query).  Exact, and far cheaper than the token matrix.
+        """
+        n = X.shape[-2]
+        A = self.A.sum(1)                                                   # heads add up: (L, d, d)
+        residuals = y
+        w = torch.zeros(X.shape[0], X.shape[-1], dtype=X.dtype, device=X.device)
+        directions, layer_weights = [], []
+        for layer in range(self.num_layers):
+            moment = (residuals.unsqueeze(-2) @ X).squeeze(-2) / n          # X^T r / n = -grad R(w)
+            directions.append(moment @ A[layer].T)
+            for j, direction in enumerate(directions):
+                gate = self.gate(j, layer)[-1]                             # the label row: (n + 1,)
+                residuals = residuals - gate[:n] * (X @ direction.unsqueeze(-1)).squeeze(-1)
+                w = w + gate[n] * direction
+            layer_weights.append(w)
+        return torch.stack(layer_weights, dim=1)
+
+    def _token_forward(self, X: torch.Tensor, y: torch.Tensor, alpha, gamma) -> torch.Tensor:
+        """``w^l`` (B, L, d) from the token matrix ``Z`` itself (every model; the only path for gates
+        and full ``P, Q``)."""
+        B, n, d = X.shape
         P, Q = self.attention_matrices()
         context = torch.cat([X, y.unsqueeze(-1)], dim=-1)                   # (B, n, D) rows = columns of Z
         query = torch.eye(d + 1, d, dtype=X.dtype, device=X.device).expand(B, -1, -1)  # (B, D, d)
@@ -260,9 +337,7 @@ class Memformer(nn.Module):
                     step = (step[0] + gate[:, :n].T * ctx_update, step[1] + gate[:, n, None] * query_update)
             context, query = context + step[0], query + step[1]
             layer_weights.append(-query[:, d, :])
-        weights = torch.stack(layer_weights, dim=1)
-        predictions = None if x_t is None else (weights @ x_t.unsqueeze(-1)).squeeze(-1)
-        return ModelOutput(layer_weights=weights, layer_predictions=predictions)
+        return torch.stack(layer_weights, dim=1)
 
     def final_weights(self, batch: TaskBatch | torch.Tensor, y: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The last layer's ``w^L``, (B, d) (what :func:`~icl_course.train.train` fits)."""
@@ -274,21 +349,23 @@ class Memformer(nn.Module):
                 f"attention={c['attention']!r}, memory={c['memory']!r}, tied={c['tied']}")
 
 
-# -- the experiments of chapter 5, shipped as one file ------------------------------------------
+# -- the experiments of chapter 5 (Dutta et al. 2024, section 5), shipped as one small file -------
 
-SCALES = (1.0, 1.0, 0.5, 0.25, 1.0)   # Dutta et al.'s D; the inputs have covariance U D^2 U^T
-MODELS = {  # name -> (attention, memory): the four trained families of chapter 5
+SCALES = (1.0, 1.0, 0.5, 0.25, 1.0)   # Dutta et al.'s D: x = U D z, so the inputs have covariance U D^2 U^T
+MODELS = {  # name -> (attention, memory): the trained families of chapter 5
     "linear transformer": ("gd", "none"),
     "CGD-like (scalars)": ("identity", "cgd"),
     "CGD-like + A_l": ("gd", "cgd"),
     "LFOM (tied gates)": ("gd", "lfom"),
 }
-RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4, 5, 6), "rotations": (0, 1, 2, 3, 4), "isotropic_seeds": 2,
-          "num_steps": 300, "batch_size": 500, "learning_rate": 0.02, "clip_norm": 1.0,
-          "eval_tasks": 1_000_000, "shallow_eval_tasks": 100_000,
-          "head_counts": (1, 2, 4), "head_layers": 2, "head_steps": 400}
-PRETRAINED = __import__("pathlib").Path(__file__).resolve().parent / "pretrained" / "ch5_memformers.pt"
-COMMAND = "python -m icl_course.memformer            # writes icl_course/pretrained/ch5_memformers.pt"
+SETTINGS = ("rotated", "isotropic")
+BASELINES = ("CG", "GD (tuned steps)", "momentum", "Nesterov")
+RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4), "seeds": (0, 1, 2), "num_steps": 2000, "batch_size": 500,
+          "learning_rate": 0.05, "warmup_steps": 100, "clip_norm": 1.0, "curve_every": 100, "curve_tasks": 20_000,
+          "eval_tasks": 1_000_000, "shallow_eval_tasks": 200_000, "tune_tasks": 10_000, "baseline_tasks": 200_000}
+PRETRAINED = pathlib.Path(__file__).resolve().parent / "pretrained" / "ch5_memformers.pt"
+COMMAND = ("OMP_NUM_THREADS=1 nice -n 10 python -m icl_course.memformer   "
+           "# writes icl_course/pretrained/ch5_memformers.pt")
 
 
 def rotation(seed: int) -> torch.Tensor:
@@ -299,225 +376,381 @@ def rotation(seed: int) -> torch.Tensor:
 
 
 def covariance(seed: Optional[int]) -> Optional[torch.Tensor]:
-    """``S = U D^2 U^T`` with ``U = rotation(seed)``, or None (isotropic) for ``seed=None``."""
+    """``S = U D^2 U^T`` with ``U = rotation(seed)``, or None (isotropic, ``S = I``) for ``seed=None``."""
     if seed is None:
         return None
     U = rotation(seed)
     return U @ torch.diag(torch.tensor(SCALES, dtype=torch.float64) ** 2) @ U.T
 
 
-def build(name: str, num_layers: int, num_heads: int = 1, attention: Optional[str] = None,
-          seed: int = 0, device="cpu") -> Memformer:
-    """One of the chapter's models (``MODELS``), untrained."""
-    default_attention, memory = MODELS[name]
-    return Memformer(RECIPE["d"], RECIPE["n"], num_layers, num_heads, attention or default_attention,
-                     memory, init_scale=0.01, seed=seed, device=device)
+def paper_tasks(setting: str, seed: int = 0, law: str = "paper", dtype="float64", device="cpu"):
+    """The task law of Dutta et al.'s experiments (Ahn et al.'s ``generate_data(U, D)``).
 
-
-def eval_count(depth: int) -> int:
-    """Fresh tasks that score a model of ``depth`` layers: 1 000 000 from 3 layers on (heavy tails), else 100 000."""
-    return RECIPE["eval_tasks"] if depth >= 3 else RECIPE["shallow_eval_tasks"]
-
-
-def _score(model: Memformer, tasks, num_tasks: int, seed: int) -> list[tuple[float, float]]:
-    from .evaluate import per_layer_loss
-
-    return [(e.mean, e.stderr) for e in per_layer_loss(model, tasks, num_tasks=num_tasks, seed=seed)]
-
-
-def _weights(model: Memformer) -> dict:
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
-
-
-def run_experiments(path=PRETRAINED, device="auto", settings=("S", "I"), heads=True, resume=True) -> dict:
-    """Train every model of chapter 5 and score it on fresh tasks; save the weights and the scores.
-
-    For each data setting (``"S"``: the five rotations; ``"I"``: isotropic, two training seeds),
-    each family in ``MODELS`` and each depth in ``RECIPE["depths"]`` (every depth is a model of its
-    own): Adam on fresh batches, then per-layer losses on :func:`eval_count` fresh tasks (seeded
-    apart from training).  Also the heads experiment (2 layers, scored on 1 000 000 tasks: its
-    differences are small).  The file is rewritten after every model and,
-    with ``resume=True``, models already in it are kept, so an interrupted run goes on where it
-    stopped (every model has its own seeds, so the result does not depend on the interruption).
+    ``setting="rotated"``: ``x = U D z`` (``x ~ N(0, S)``, ``S = U D^2 U^T``, ``U = rotation(seed)``) and,
+    with ``law="paper"``, ``w = U D^-1 z'``, i.e. ``w ~ N(0, S^-1)``, so that the labels
+    ``<w, x> = <z', z>`` have the law of the isotropic case; ``law="isotropic w"`` draws ``w ~ N(0, I)``
+    instead (an earlier version of the course).  ``setting="isotropic"``: ``S = I`` and ``w ~ N(0, I)``.
+    Noiseless labels, ``d = 5``, ``n = 20``.  Returns a :class:`~icl_course.data.RegressionTasks`.
     """
-    import pathlib
+    if setting not in SETTINGS:
+        raise ValueError(f"unknown setting {setting!r}; choose one of {', '.join(SETTINGS)}")
+    if law not in ("paper", "isotropic w"):
+        raise ValueError(f"unknown law {law!r}; choose 'paper' (w ~ N(0, S^-1)) or 'isotropic w' (w ~ N(0, I))")
+    S = covariance(seed) if setting == "rotated" else None
+    weights = torch.linalg.inv(S) if S is not None and law == "paper" else None
+    return RegressionTasks(RECIPE["d"], RECIPE["n"], covariance=S, weight_covariance=weights, dtype=dtype,
+                           device=device)
 
-    from .data import RegressionTasks
-    from .train import train
 
-    device = resolve_device(device)
-    r = RECIPE
+def one_layer_optimum(setting: str, family: str, seed: int = 0) -> float:
+    """The smallest expected loss a one-layer model of ``family`` can reach on :func:`paper_tasks`.
+
+    One layer predicts with ``w^1 = c A b``, ``b = X^T y / n``.  For ``w ~ N(0, W)`` and Gaussian inputs
+    ``E[b b^T] = ((n+1) S W S + tr(W S) S) / n`` and ``E[w b^T] = W S``; the best ``A`` solves
+    ``A E[b b^T] = E[w b^T]`` and the best multiple of ``I`` (the scalar CGD-like family) is
+    ``tr(S E[w b^T]) / tr(S E[b b^T])``.  Loss ``1/2 E (w^1 - w)^T S (w^1 - w)``.
+    """
+    tasks = paper_tasks(setting, seed)
+    d, n = RECIPE["d"], RECIPE["n"]
+    S = tasks.covariance if tasks.covariance is not None else torch.eye(d, dtype=torch.float64)
+    W = tasks.weight_covariance if tasks.weight_covariance is not None else torch.eye(d, dtype=torch.float64)
+    bb = ((n + 1) * S @ W @ S + torch.trace(W @ S) * S) / n
+    wb = W @ S
+    if MODELS[family][0] == "identity":
+        A = torch.trace(S @ wb) / torch.trace(S @ bb) * torch.eye(d, dtype=torch.float64)
+    else:
+        A = torch.linalg.solve(bb, wb.T).T
+    return float(0.5 * (torch.trace(S @ A @ bb @ A.T) - 2 * torch.trace(S @ A @ wb.T) + torch.trace(S @ W)))
+
+
+def build(family: str, num_layers: int, num_heads: int = 1, attention: Optional[str] = None, seed: int = 0,
+          dtype="float64", device="cpu") -> Memformer:
+    """One of the chapter's models (``MODELS``), untrained: GD-like start, small noise (seeded)."""
+    if family not in MODELS:
+        raise KeyError(f"unknown family {family!r}; choose one of {list(MODELS)}")
+    default_attention, memory = MODELS[family]
+    return Memformer(RECIPE["d"], RECIPE["n"], num_layers, num_heads, attention or default_attention, memory,
+                     init_scale=0.01, seed=seed, dtype=dtype, device=device)
+
+
+def _factors(samplers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sampler's ``S``, and factors with ``x = F_x z``, ``w = F_w z'``: three (M, d, d) stacks."""
+    eye = torch.eye(RECIPE["d"], dtype=torch.float64)
+    S = torch.stack([eye if s.covariance is None else s.covariance for s in samplers])
+    W = torch.stack([eye if s.weight_covariance is None else s.weight_covariance for s in samplers])
+    return S, torch.linalg.cholesky(S), torch.linalg.cholesky(W)
+
+
+def _stacked_batches(factors, size: int, generator):
+    """One fresh noiseless batch per model, stacked: X (M, B, n, d), y (M, B, n), w (M, B, d)."""
+    _, x_factor, w_factor = factors
+    M, d, n = x_factor.shape[0], RECIPE["d"], RECIPE["n"]
+    X = torch.randn(M, size, n, d, generator=generator, dtype=torch.float64) @ x_factor.transpose(-1, -2)[:, None]
+    w = torch.randn(M, size, d, generator=generator, dtype=torch.float64) @ w_factor.transpose(-1, -2)
+    return X, (X @ w.unsqueeze(-1)).squeeze(-1), w
+
+
+def _stacked_loss(layer_weights, w, covariances):
+    """``1/2 (w^L - w)^T S (w^L - w)`` per model and task: (K, M, B, d) -> (K, M, B) (``S`` per model, (M, d, d))."""
+    error = layer_weights - w
+    return 0.5 * torch.einsum("kmbi,mij,kmbj->kmb", error, covariances, error)
+
+
+def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = None,
+                 fixed_batch: Optional[int] = None) -> dict:
+    """Train one model of ``family`` per depth in ``depths`` and per sampler, all at once (vectorised).
+
+    The model for depth ``L`` and sampler ``m`` is built with seed ``seeds[m]``; all models of one sampler
+    see the same fresh batches.  Adam, a warm-up then a cosine decay to 0, each model's gradient clipped to
+    ``clip_norm``; the loss is the query-averaged loss of the model's last layer.  Every ``curve_every``
+    steps each model is scored on the same ``curve_tasks`` fresh tasks (never trained on).  Returns
+    ``{L: (weights, curve)}``: a state dict whose tensors have the samplers first, and the
+    (samplers, num_steps // curve_every + 1) curve.  ``fixed_batch=B`` fits one batch of ``B`` tasks per sampler
+    instead (Dutta et al.'s small-batch experiment), returned as ``{L: (weights, curve, (X, y, w))}``.
+    """
+    r = recipe or RECIPE
+    depths, deepest, S = list(depths), max(depths), len(samplers)
+    # The plain linear transformer trains in the factored form alpha_l A_l (a CGD-like model whose gamma_l stay 0):
+    # the same functions, but Adam then moves the scale of A_l as fast as its shape, which the rotated data need
+    # (trained on A_l alone, it stopped above its isotropic loss, which the affine invariance says it can reach).
+    factored = family == "linear transformer"
+    trained_as = "CGD-like + A_l" if factored else family
+    models = [build(trained_as, deepest, seed=seed) for _ in depths for seed in seeds]
+    params, buffers = stack_module_state(models)
+    params = {k: v.detach().reshape(len(depths), S, *v.shape[1:]).requires_grad_(True) for k, v in params.items()}
+    buffers = {k: v.reshape(len(depths), S, *v.shape[1:]) for k, v in buffers.items()}
+    if factored:
+        params["gamma"].data.zero_()
+    template = build(trained_as, deepest).to("meta")
+    factors = _factors(samplers)
+    last = torch.tensor(depths) - 1
+
+    def forward(p, b, X, y):
+        return functional_call(template, {**p, **b}, (X, y)).layer_weights
+
+    run = vmap(vmap(forward), in_dims=(0, 0, None, None))       # depths outside, samplers inside
+
+    def losses(X, y, w):   # (K, S) mean loss of each model's last layer
+        weights = run(params, buffers, X, y)                    # (K, S, B, deepest, d)
+        final = weights[torch.arange(len(depths)), :, :, last]    # (K, S, B, d)
+        return _stacked_loss(final, w, factors[0]).mean(-1)
+
+    leaves = list(params.values())
+    optimizer = torch.optim.Adam(leaves, lr=r["learning_rate"])
+    generator = make_generator(10_000 + 97 * sum(seeds))
+    checks = _stacked_batches(factors, r["curve_tasks"], make_generator(20_000))
+    curve = []
+    for step in range(r["num_steps"] + 1):
+        if step % r["curve_every"] == 0:
+            with torch.no_grad():
+                curve.append(losses(*checks))
+        if step == r["num_steps"]:
+            break
+        if fixed_batch is None or step == 0:
+            batch = _stacked_batches(factors, r["batch_size"] if fixed_batch is None else fixed_batch, generator)
+        loss = losses(*batch)
+        optimizer.zero_grad()
+        loss.sum().backward()
+        for leaf in leaves:   # a coefficient no model uses (gamma_1, layers past a model's depth) gets none
+            if leaf.grad is None:
+                leaf.grad = torch.zeros_like(leaf)
+        if factored:
+            params["gamma"].grad.zero_()          # Adam leaves a parameter with no gradient where it is
+        norms = torch.sqrt(sum((leaf.grad.flatten(2) ** 2).sum(-1) for leaf in leaves))      # (K, S)
+        scale = r["clip_norm"] / norms.clamp_min(r["clip_norm"])
+        for leaf in leaves:
+            leaf.grad.mul_(scale.reshape(*scale.shape, *[1] * (leaf.dim() - 2)))
+        warm = min(1.0, (step + 1) / r["warmup_steps"])
+        for group in optimizer.param_groups:
+            group["lr"] = r["learning_rate"] * warm * 0.5 * (1 + math.cos(math.pi * step / r["num_steps"]))
+        optimizer.step()
+    curve = torch.stack(curve, -1)
+    trained = {}
+    if factored:
+        params = {"A": params["alpha"][..., None, None, None] * params["A"]}
+    for index, depth in enumerate(depths):   # keep each model's own layers
+        weights = {k: v[index, :, :depth].detach().clone() for k, v in {**params, **buffers}.items()}
+        trained[depth] = (weights, curve[index]) if fixed_batch is None else (weights, curve[index], batch)
+    return trained
+
+
+def small_batch_experiment(sizes=(1, 10), recipe: Optional[dict] = None) -> dict:
+    """Dutta et al.'s small-batch comparison: the scalar CGD-like Memformer fitted to one batch of ``B`` tasks
+    (per seed, on the rotated data), scored on **that batch** against CG run on the same tasks, and on
+    ``shallow_eval_tasks`` fresh tasks.  Returns ``{B: {"batch": (seeds, depths), "cg_batch": ..., "fresh": ...,
+    "fresh_stderr": ...}}``."""
+    r = recipe or RECIPE
+    seeds = list(r["seeds"])
+    samplers = [paper_tasks("rotated", seed) for seed in seeds]
+    S = _factors(samplers)[0]
+    out = {}
+    for size in sizes:
+        trained = train_models("CGD-like (scalars)", r["depths"], samplers, seeds, r, fixed_batch=size)
+        rows = {"batch": [], "cg_batch": [], "fresh": [], "fresh_stderr": []}
+        for depth, (weights, _, (X, y, w)) in trained.items():
+            fitted, cg, fresh, stderr = [], [], [], []
+            for m, seed in enumerate(seeds):
+                model = build("CGD-like (scalars)", depth)
+                model.load_state_dict(unstack(weights, m))
+                with torch.no_grad():
+                    error = model(X[m], y[m]).weights - w[m]
+                cg_error = conjugate_gradient(X[m], y[m], depth)[:, -1] - w[m]
+                fitted.append(0.5 * ((error @ S[m]) * error).sum(-1).mean())
+                cg.append(0.5 * ((cg_error @ S[m]) * cg_error).sum(-1).mean())
+                means, errors = score(model, samplers[m], r["shallow_eval_tasks"], seed=9_000 + seed + depth)
+                fresh.append(means[-1])
+                stderr.append(errors[-1])
+            for key, values in zip(rows, (fitted, cg, fresh, stderr)):
+                rows[key].append(torch.stack(values))
+        out[size] = {key: torch.stack(values, 1) for key, values in rows.items()}
+    return out
+
+
+def eval_count(depth: int, recipe: Optional[dict] = None) -> int:
+    """Fresh tasks that score a model of ``depth`` layers: ``eval_tasks`` from 3 layers on (their errors are
+    heavy-tailed), ``shallow_eval_tasks`` below."""
+    r = recipe or RECIPE
+    return r["eval_tasks"] if depth >= 3 else r["shallow_eval_tasks"]
+
+
+def unstack(weights: dict, index: int) -> dict:
+    """Model ``index``'s state dict from a stacked one."""
+    return {key: value[index] for key, value in weights.items()}
+
+
+def score(model, sampler, num_tasks: int, seed: int):
+    """Per-layer loss of ``model`` on ``num_tasks`` fresh tasks: (means, standard errors), each (L,)."""
+    estimates = per_layer_loss(model, sampler, num_tasks=num_tasks, seed=seed)
+    return (torch.tensor([e.mean for e in estimates], dtype=torch.float64),
+            torch.tensor([e.stderr for e in estimates], dtype=torch.float64))
+
+
+def tuned_baselines(sampler, num_steps: int, tune_tasks: int, score_tasks: int, seed: int = 0) -> dict:
+    """CG, GD with one tuned step size per step, and heavy-ball momentum and Nesterov with one tuned
+    ``(eta, mu)``, each run for k = 1..``num_steps`` steps on every task's own context.
+
+    Tuned for every k separately (L-BFGS on the exact loss of ``tune_tasks`` tasks), then scored on
+    ``score_tasks`` other fresh tasks.  Returns ``{method: {"mean": (K,), "stderr": (K,), "parameters":
+    [per k]}}`` with the methods of ``BASELINES``.
+    """
+    sample = sampler.sample(tune_tasks, seed=11 + seed)
+    steps = range(1, num_steps + 1)
+    tuned = {"CG": [None for _ in steps], "GD (tuned steps)": [tune_step_sizes(sample, k) for k in steps],
+             "momentum": [tune_momentum(sample, k) for k in steps],
+             "Nesterov": [tune_momentum(sample, k, nesterov=True) for k in steps]}
+
+    def paths(batch):   # (B, 4 K, d): each method's last iterate after k = 1..K steps
+        X, y = batch.X, batch.y
+        last = [conjugate_gradient(X, y, num_steps)[:, 1:]]
+        gd_steps = tuned["GD (tuned steps)"]
+        last.append(torch.stack([gradient_descent(X, y, eta, k)[:, -1] for k, eta in zip(steps, gd_steps)], 1))
+        for name, nesterov in (("momentum", False), ("Nesterov", True)):
+            last.append(torch.stack([momentum_descent(X, y, eta, mu, k, nesterov=nesterov)[:, -1]
+                                     for k, (eta, mu) in zip(steps, tuned[name])], 1))
+        return ModelOutput(torch.cat(last, 1), None)
+
+    estimates = per_layer_loss(paths, sampler, num_tasks=score_tasks, seed=4321 + seed)
+    return {name: {"mean": torch.tensor([e.mean for e in estimates[i * num_steps:(i + 1) * num_steps]],
+                                        dtype=torch.float64),
+                   "stderr": torch.tensor([e.stderr for e in estimates[i * num_steps:(i + 1) * num_steps]],
+                                          dtype=torch.float64),
+                   "parameters": [None if p is None else torch.as_tensor(p, dtype=torch.float64) for p in tuned[name]]}
+            for i, name in enumerate(BASELINES)}
+
+
+def _samplers(seeds) -> list:
+    """One sampler per trained model: the rotated setting for every seed (its own ``U``), then the isotropic."""
+    return [paper_tasks(setting, seed) for setting in SETTINGS for seed in seeds]
+
+
+def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict] = None) -> dict:
+    """Train and score every model of chapter 5, tune and score the baselines; save all in ``path``.
+
+    For each family of ``MODELS`` and each depth, one model per seed and setting (``SETTINGS``; on the
+    rotated data seed ``s`` also draws ``U``), all trained at once by :func:`train_models`, then
+    scored per layer on ``eval_tasks`` fresh tasks (seeded apart from training).  The file is
+    rewritten after every (family, depth), and ``resume=True`` keeps what it holds.  Layout (nested
+    keys): ``results["models"][setting][family][depth]`` holds ``"weights"`` (a state dict, one model
+    per seed along the first axis), ``"curve"`` (seeds, checkpoints), ``"mean"`` and ``"stderr"``
+    (seeds, depth) and ``"seconds"``; ``results["baselines"][setting][method]`` as :func:`tuned_baselines`.
+    """
+    r = dict(recipe or RECIPE)
     path = pathlib.Path(path)
-    results = {"recipe": dict(r), "command": COMMAND, "models": {}, "losses": {}, "heads": {}}
+    results = {"recipe": r, "command": COMMAND, "models": {s: {f: {} for f in MODELS} for s in SETTINGS},
+               "baselines": {}}
     if resume and path.exists():
         done = load_experiments(path)
         if {k: v for k, v in done["recipe"].items() if k != "depths"} != {k: v for k, v in r.items() if k != "depths"}:
             raise ValueError(f"{path} was made with another recipe; pass resume=False (or another path) to start over")
-        for part in ("models", "losses", "heads"):
-            results[part].update(done[part])
-    for setting in settings:
-        for rot in (r["rotations"] if setting == "S" else r["rotations"][:r["isotropic_seeds"]]):
-            tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(rot if setting == "S" else None),
-                                    device=device)
-            for name in MODELS:
-                for depth in r["depths"]:
-                    key = str((setting, rot, name, depth))
-                    if key in results["losses"]:
-                        continue
-                    model = build(name, depth, seed=rot, device=device)
-                    train(model, tasks, r["num_steps"], batch_size=r["batch_size"], learning_rate=r["learning_rate"],
-                          clip_norm=r["clip_norm"], seed=100 + rot, progress=False)
-                    results["models"][key] = _weights(model)
-                    results["losses"][key] = _score(model, tasks, eval_count(depth), seed=7_000 + rot)
-                    torch.save(results, path)
-                    print(key, f"{results['losses'][key][-1][0]:.4g}", flush=True)
-    tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(0), device=device)
-    for attention in ("gd", "full") if heads else ():
-        for count in r["head_counts"]:
-            key = str((attention, count))
-            if key in results["heads"]:
-                continue
-            model = build("linear transformer", r["head_layers"], count, attention, device=device)
-            train(model, tasks, r["head_steps"], batch_size=r["batch_size"], learning_rate=r["learning_rate"] / 2,
-                  clip_norm=r["clip_norm"], seed=300, progress=False)
-            results["models"]["heads " + key] = _weights(model)
-            results["heads"][key] = _score(model, tasks, r["eval_tasks"], seed=7_000)
+        results["models"], results["baselines"] = done["models"], done["baselines"]
+        results["seconds"] = done.get("seconds", {})
+        results.update({key: done[key] for key in ("small_batch", "total_seconds", "timing") if key in done})
+    seeds = list(r["seeds"])
+    for setting in SETTINGS:
+        if setting not in results["baselines"]:
+            start = time.perf_counter()
+            results["baselines"][setting] = tuned_baselines(paper_tasks(setting), max(r["depths"]), r["tune_tasks"],
+                                                            r["baseline_tasks"])
+            results["seconds"] = {**results.get("seconds", {}), f"baselines {setting}": time.perf_counter() - start}
             torch.save(results, path)
-            print(key, f"{results['heads'][key][-1][0]:.4g}", flush=True)
-    results["recipe"] = dict(r)
-    torch.save(results, path)
-    return results
-
-
-def rescore_experiments(path=PRETRAINED, device="auto") -> dict:
-    """Score the trained models of ``path`` again on :func:`eval_count` fresh tasks (the same seeds
-    as :func:`run_experiments`), keeping their weights; rewrites the file.  Models of 3 layers and
-    more have heavy-tailed errors, so the course scores them on a million tasks."""
-    from .data import RegressionTasks
-
-    device = resolve_device(device)
-    r = RECIPE
-    results = load_experiments(path)
-    for key in list(results["losses"]):
-        setting, rot, name, depth = ast.literal_eval(key)   # keys are tuples written as text
-        tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(rot if setting == "S" else None), device=device)
-        model = load_model(results, setting, rot, name, depth).to(device)
-        results["losses"][key] = _score(model, tasks, eval_count(depth), seed=7_000 + rot)
-        print(key, f"{results['losses'][key][-1][0]:.4g} +- {results['losses'][key][-1][1]:.2g}", flush=True)
-    tasks = RegressionTasks(r["d"], r["n"], covariance=covariance(0), device=device)
-    for key in list(results["heads"]):
-        attention, heads = ast.literal_eval(key)
-        model = build("linear transformer", r["head_layers"], heads, attention, device=device)
-        model.load_state_dict(results["models"]["heads " + key])
-        results["heads"][key] = _score(model, tasks, r["eval_tasks"], seed=7_000)
-    results["recipe"] = dict(results["recipe"], eval_tasks=r["eval_tasks"], shallow_eval_tasks=r["shallow_eval_tasks"])
-    torch.save(results, path)
+            print(f"baselines {setting}: {time.perf_counter() - start:.0f} s", flush=True)
+    if "small_batch" not in results:
+        start = time.perf_counter()
+        results["small_batch"] = small_batch_experiment(recipe=r)
+        results["seconds"] = {**results.get("seconds", {}), "small batches": time.perf_counter() - start}
+        torch.save(results, path)
+        print(f"small batches: {time.perf_counter() - start:.0f} s", flush=True)
+    samplers = _samplers(seeds)
+    for family in MODELS:
+        if all(depth in results["models"][s][family] for s in SETTINGS for depth in r["depths"]):
+            continue
+        start = time.perf_counter()
+        trained = train_models(family, r["depths"], samplers, seeds * len(SETTINGS), r)
+        for depth, (weights, curve) in trained.items():
+            for index, setting in enumerate(SETTINGS):
+                chosen = range(index * len(seeds), (index + 1) * len(seeds))
+                scores = []
+                for m, seed in zip(chosen, seeds):
+                    model = build(family, depth)
+                    model.load_state_dict(unstack(weights, m))
+                    scores.append(score(model, samplers[m], eval_count(depth, r), seed=7_000 + 31 * seed + depth))
+                results["models"][setting][family][depth] = {
+                    "weights": {k: v[chosen.start:chosen.stop].clone() for k, v in weights.items()},
+                    "curve": curve[chosen.start:chosen.stop].clone(),
+                    "mean": torch.stack([s[0] for s in scores]), "stderr": torch.stack([s[1] for s in scores])}
+        results["seconds"] = {**results.get("seconds", {}), family: time.perf_counter() - start}
+        torch.save(results, path)
+        finals = [[results["models"][s][family][k]["mean"][:, -1].mean().item() for k in r["depths"]]
+                  for s in SETTINGS]
+        print(f"{family}: rotated {[f'{v:.3g}' for v in finals[0]]}, isotropic {[f'{v:.3g}' for v in finals[1]]}, "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
     return results
 
 
 def load_experiments(path=PRETRAINED) -> dict:
-    """The shipped results of :func:`run_experiments` (weights and scores), loaded as plain tensors,
-    numbers and strings (nothing in the file runs)."""
-    import pathlib
-
+    """The shipped results of :func:`run_experiments` (weights, curves, scores, baselines), loaded as plain
+    tensors, numbers and strings (nothing in the file runs)."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no chapter 5 results at {path}: make them with `{COMMAND.split('#')[0].strip()} "
+        raise FileNotFoundError(f"no chapter 5 results at {path}: make them with `python -m icl_course.memformer "
                                 f"--out {path}`")
     try:
         results = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:   # torch raises several types for a truncated or foreign file
         raise ValueError(f"{path} could not be read as chapter 5 results ({type(error).__name__}); it is damaged or "
                          "was not made by run_experiments. Delete it, or pass --restart, to train afresh.") from None
-    if not isinstance(results, dict) or not {"recipe", "models", "losses", "heads"} <= set(results):
-        raise ValueError(f"{path} is not a file of chapter 5 results (run_experiments writes recipe, models, losses "
-                         "and heads). Delete it, or pass --restart, to train afresh.")
+    if not isinstance(results, dict) or not {"recipe", "models", "baselines"} <= set(results):
+        raise ValueError(f"{path} is not a file of chapter 5 results (run_experiments writes recipe, models and "
+                         "baselines). Delete it, or pass --restart, to train afresh.")
     return results
 
 
-def load_model(results: dict, setting: str, rot: int, name: str, depth: int) -> Memformer:
-    """A trained model of :func:`run_experiments`, rebuilt on the CPU."""
-    key = str((setting, rot, name, depth))
-    if key not in results["models"]:
-        raise KeyError(f"no trained model {key} in these results: setting 'S' or 'I', a rotation of "
-                       f"{tuple(results['recipe']['rotations'])}, a name of {list(MODELS)} and a depth of "
-                       f"{tuple(results['recipe']['depths'])}")
-    model = build(name, depth, seed=rot)
-    model.load_state_dict(results["models"][key])
+def load_model(results: dict, setting: str, family: str, depth: int, seed: int = 0) -> Memformer:
+    """A trained model of :func:`run_experiments` (the ``seed``-th of its runs), rebuilt on the CPU."""
+    runs = results["models"].get(setting, {}).get(family, {})
+    if depth not in runs or not 0 <= seed < len(results["recipe"]["seeds"]):
+        raise KeyError(f"no trained model ({setting!r}, {family!r}, depth {depth}, seed {seed}) in these results: "
+                       f"a setting of {list(results['models'])}, a family of {list(MODELS)}, a depth of "
+                       f"{tuple(results['recipe']['depths'])} and a seed index below {len(results['recipe']['seeds'])}")
+    model = build(family, depth)
+    model.load_state_dict(unstack(runs[depth]["weights"], seed))
     return model
 
 
-def show_coefficients(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3), rot: Optional[int] = 0,
-                      num_tasks: int = 4000, seed: int = 0):
-    """A CGD-like Memformer (``A_l = I``) with the given ``alpha_l, gamma_l`` beside CG (chapter 5).
-
-    Left: the loss after each layer, ``log10`` of ``1/2 E (w^l - w)^T S (w^l - w)``, against CG run on
-    each task with its own coefficients.  Right: the chosen ``alpha_l`` (squares) and ``gamma_l``
-    (triangles) over the middle 90% of CG's per-task ``a``, ``beta`` at the same step.  Returns the figure.
-    """
-    import matplotlib.pyplot as plt
-
-    from .data import RegressionTasks
-    from .evaluate import query_averaged_loss
-    from .optimizers import conjugate_gradient
-
-    L = len(alpha)
-    tasks = RegressionTasks(RECIPE["d"], RECIPE["n"], covariance=covariance(rot), dtype=torch.float64, device="cpu")
-    batch = tasks.sample(num_tasks, seed=seed)
-    model = Memformer(RECIPE["d"], RECIPE["n"], L, attention="identity", memory="cgd", dtype=torch.float64)
-    with torch.no_grad():
-        ours = query_averaged_loss(model(batch, alpha=torch.tensor(alpha), gamma=torch.tensor(gamma)).layer_weights,
-                                   batch).mean(0)
-    cg = query_averaged_loss(conjugate_gradient(batch.X, batch.y, L)[:, 1:], batch).mean(0)
-    a, beta = cg_coefficients(batch.X, batch.y, L)
-    figure, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.4))
-    layers = torch.arange(1, L + 1)
-    left.plot(layers, ours.log10(), "o-", color="C1", label="Memformer (shared alpha, gamma)")
-    left.plot(layers, cg.log10(), "s--", color="C0", label="CG (each task its own)")
-    left.set(xlabel="layer / step l", ylabel="log10 loss", title="loss per layer")
-    left.set_xticks(layers.tolist())
-    left.legend()
-    for values, chosen, offset, marker, name in ((a, alpha, -0.12, "s", "alpha / a"),
-                                                 (beta, gamma, 0.12, "^", "gamma / beta")):
-        low, high = values.quantile(0.05, dim=0), values.quantile(0.95, dim=0)
-        right.vlines(layers + offset, low, high, color="0.6", lw=6)
-        right.plot(layers + offset, chosen, marker, color="C1", label=name)
-    right.set(xlabel="layer l", ylabel="coefficient", title="chosen vs CG's 5-95% range (grey)",
-              xticks=layers.tolist())
-    right.legend()
-    figure.tight_layout()
-    return figure
+def final_losses(results: dict, setting: str, family: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each run's loss after its last layer, per depth: (means, standard errors), each (seeds, depths)."""
+    runs = results["models"][setting][family]
+    depths = sorted(runs)
+    return (torch.stack([runs[k]["mean"][:, -1] for k in depths], 1),
+            torch.stack([runs[k]["stderr"][:, -1] for k in depths], 1))
 
 
-def coefficient_explorer(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3)):
-    """Sliders for three layers' ``alpha_l, gamma_l`` around :func:`show_coefficients`."""
-    import ipywidgets as widgets
 
-    from .widgets import explorer
-
-    def show(**values):
-        return show_coefficients([values[f"alpha_{k}"] for k in (1, 2, 3)],
-                                 [values[f"gamma_{k}"] for k in (1, 2, 3)])
-
-    controls = {f"alpha_{k}": widgets.FloatSlider(value=alpha[k - 1], min=0.0, max=3.0, step=0.05,
-                                                  description=f"alpha_{k}") for k in (1, 2, 3)}
-    controls.update({f"gamma_{k}": widgets.FloatSlider(value=gamma[k - 1], min=0.0, max=1.5, step=0.05,
-                                                       description=f"gamma_{k}") for k in (1, 2, 3)})
-    return explorer(show, **controls)
-
+def loss_band(results: dict, setting: str, name: str, width: float = 4.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(low, high)`` per depth for a trained family or a baseline of ``results``: the lowest mean minus
+    ``width`` standard errors and the highest mean plus ``width`` standard errors over the seeds (one run for a
+    baseline).  One curve is below another, beyond sampling error and seed spread, where its ``high`` is below
+    the other's ``low``."""
+    if name in MODELS:
+        means, errors = final_losses(results, setting, name)
+    elif name in BASELINES:
+        depths = len(results["recipe"]["depths"])
+        curve = results["baselines"][setting][name]
+        means, errors = curve["mean"][None, :depths], curve["stderr"][None, :depths]
+    else:
+        raise KeyError(f"unknown family or baseline {name!r}; choose one of {list(MODELS) + list(BASELINES)}")
+    return (means - width * errors).min(0).values, (means + width * errors).max(0).values
 
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(description="train and score the models of chapter 5")
+    parser = argparse.ArgumentParser(description="train and score the models of chapter 5 (Dutta et al. 2024)")
     parser.add_argument("--out", default=str(PRETRAINED))
-    parser.add_argument("--settings", default="SI", help="S (rotated), I (isotropic) or both")
-    parser.add_argument("--no-heads", action="store_true")
-    parser.add_argument("--rescore", action="store_true", help="only score the models of --out again")
     parser.add_argument("--restart", action="store_true", help="train every model again (default: keep those in --out)")
     arguments = parser.parse_args()
-    if arguments.rescore:
-        rescore_experiments(arguments.out)
-    else:
-        run_experiments(arguments.out, settings=tuple(arguments.settings), heads=not arguments.no_heads,
-                        resume=not arguments.restart)
+    torch.set_num_threads(1)
+    begin = time.perf_counter()
+    output = run_experiments(arguments.out, resume=not arguments.restart)
+    output["total_seconds"] = output.get("total_seconds", 0.0) + time.perf_counter() - begin
+    torch.save(output, arguments.out)
+    print(f"done in {time.perf_counter() - begin:.0f} s", flush=True)

@@ -11,10 +11,13 @@ import torch
 from .baselines import gradient_descent, least_squares, ridge
 from .data import FixedNoise, RegressionTasks, UniformNoise
 from .evaluate import Estimate, query_averaged_loss
+from .memformer import MODELS, SETTINGS, Memformer, cg_coefficients, final_losses, paper_tasks
 from .models import LinearTransformer, gd_construction
+from .optimizers import conjugate_gradient
 
 __all__ = ["setup_notebook", "plot_estimates", "plot_task_fits", "show_task_fits", "show_gd_and_transformer",
-           "show_one_step_loss", "show_gdpp_spectrum", "show_diag_profile"]
+           "show_one_step_loss", "show_gdpp_spectrum", "show_diag_profile", "show_cg_coefficients",
+           "plot_memformer_comparison"]
 
 COLORS = {
     "least squares": "#4c72b0", "oracle ridge": "#222222", "ridge": "#222222", "ConstRR": "#dd8452",
@@ -275,4 +278,80 @@ def show_diag_profile(layer_1: Mapping[str, float], layer_2: Mapping[str, float]
     for ax in axes:
         ax.axvspan(sigma_max, sigma_max + 1, color=COLORS["truth"], alpha=0.15, lw=0)
     figure.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.9, wspace=0.28)  # tight_layout: 1 s a redraw
+    return figure
+
+
+# -- chapter 5: shared Memformer coefficients against conjugate gradient's per-task ones -----------
+
+def show_cg_coefficients(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3), setting: str = "rotated",
+                         num_tasks: int = 4000, seed: int = 0):
+    """A CGD-like Memformer (``A_l = I``) with the given ``alpha_l, gamma_l`` beside CG (chapter 5).
+
+    Left: ``log10`` of the loss ``1/2 E (w^l - w)^T S (w^l - w)`` after each layer, against CG run on each
+    task with its own coefficients, on Dutta et al.'s tasks (:func:`icl_course.memformer.paper_tasks`).
+    Right: the chosen ``alpha_l`` (squares) and ``gamma_l`` (triangles) over the middle 90% of CG's
+    per-task step sizes ``a`` and direction weights ``beta`` at the same step.  Returns the figure.
+    """
+    L = len(alpha)
+    batch = paper_tasks(setting).sample(num_tasks, seed=seed)
+    model = Memformer(batch.d, batch.n, L, attention="identity", memory="cgd", dtype=torch.float64)
+    with torch.no_grad():
+        ours = query_averaged_loss(model(batch, alpha=torch.tensor(alpha), gamma=torch.tensor(gamma)).layer_weights,
+                                   batch).mean(0)
+    cg = query_averaged_loss(conjugate_gradient(batch.X, batch.y, L)[:, 1:], batch).mean(0)
+    a, beta = cg_coefficients(batch.X, batch.y, L)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.4))
+    layers = torch.arange(1, L + 1)
+    left.plot(layers, ours.log10(), "o-", color="C1", label="Memformer (shared coefficients)")
+    left.plot(layers, cg.log10(), "s--", color="C0", label="CG (each task its own)")
+    left.set(xlabel="layer / step l", ylabel="log10 loss (fresh tasks)", title="loss per layer",
+             xticks=layers.tolist())
+    left.legend(fontsize=8)
+    for values, chosen, offset, marker, name in ((a, alpha, -0.12, "s", "step size"),
+                                                 (beta, gamma, 0.12, "^", "direction weight")):
+        low, high = values.quantile(0.05, dim=0), values.quantile(0.95, dim=0)
+        right.vlines(layers + offset, low, high, color="0.6", lw=6)
+        right.plot(layers + offset, chosen, marker, color="C1", label=f"chosen {name}")
+    right.set(xlabel="layer l", ylabel="coefficient", title="chosen (orange) vs CG's 5-95% range (grey)",
+              xticks=layers.tolist())
+    right.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+_BASELINE_STYLE = {"CG": ("k", "s", "--"), "GD (tuned steps)": ("0.45", "v", "--"),
+                   "momentum": ("#8c564b", "^", ":"), "Nesterov": ("#bcbd22", "D", ":")}
+
+
+def plot_memformer_comparison(results: dict):
+    """Chapter 5's main figure from :func:`icl_course.memformer.load_experiments` results.
+
+    One column per setting (rotated, isotropic).  Top: ``log10`` loss on fresh tasks against depth for the
+    tuned baselines (dashed / dotted) and the trained families (solid; the mean over seeds, bars from the
+    lowest to the highest seed).  Bottom: every curve divided by tuned GD's loss at the same depth, which
+    separates lines that crowd on the top row.  The legend sits below the panels.  Returns the figure.
+    """
+    depths = list(results["recipe"]["depths"])
+    figure, axes = plt.subplots(2, 2, figsize=(11, 6.6), sharex=True)
+    for column, setting in enumerate(SETTINGS):
+        baselines = results["baselines"][setting]
+        reference = baselines["GD (tuned steps)"]["mean"][:len(depths)]
+        for name, (color, marker, style) in _BASELINE_STYLE.items():
+            values = baselines[name]["mean"][:len(depths)]
+            for row, shown in enumerate((values.log10(), values / reference)):
+                axes[row, column].plot(depths, shown, marker=marker, ls=style, color=color, label=name, ms=5)
+        for index, family in enumerate(MODELS):
+            means = final_losses(results, setting, family)[0]          # (seeds, depths)
+            for row, shown in enumerate((means.log10(), means / reference)):
+                centre = shown.mean(0)
+                low, high = centre - shown.min(0).values, shown.max(0).values - centre
+                axes[row, column].errorbar([k + 0.06 * (index - 1.5) for k in depths], centre, [low, high],
+                                           color=f"C{index}", marker="o", ms=4, capsize=2, label=family)
+        axes[0, column].set(title=f"{setting} data", ylabel="log10 loss (fresh tasks)")
+        axes[1, column].set(xlabel="layers L (steps for the baselines)", ylabel="loss / tuned GD's loss",
+                            yscale="log", xticks=depths)
+        axes[1, column].axhline(1.0, color="0.45", lw=0.8)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=9, frameon=False)
+    figure.tight_layout(rect=(0, 0.08, 1, 1))
     return figure

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from . import plots
 from .plots import show_diag_profile, show_gd_and_transformer, show_gdpp_spectrum, show_one_step_loss, show_task_fits
 
 __all__ = ["explorer", "show_task_fits", "task_explorer", "show_gd_and_transformer", "gd_explorer",
            "show_one_step_loss", "step_size_explorer", "show_gdpp_spectrum", "gdpp_explorer",
-           "show_diag_profile", "diag_explorer"]
+           "show_diag_profile", "diag_explorer", "coefficient_explorer"]
 
 
 def explorer(show, **controls):
@@ -120,3 +121,23 @@ def diag_explorer(layer_1: dict | None = None, layer_2: dict | None = None, sigm
 
     return explorer(show, sigma_max=widgets.FloatSlider(value=sigma_max, min=0.5, max=7.0, step=0.5,
                                                          description="sigma_max"), **controls)
+
+
+# -- chapter 5 ------------------------------------------------------------------------------------
+
+def coefficient_explorer(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3), setting: str = "rotated"):
+    """Sliders for three layers' step sizes ``alpha_l`` and direction weights ``gamma_l`` around
+    :func:`icl_course.plots.show_cg_coefficients` (chapter 5)."""
+    import ipywidgets as widgets
+
+    def show(**values):
+        return plots.show_cg_coefficients([values[f"alpha_{k}"] for k in (1, 2, 3)],
+                                          [values[f"gamma_{k}"] for k in (1, 2, 3)], setting=setting)
+
+    style = {"description_width": "initial"}
+    controls = {f"alpha_{k}": widgets.FloatSlider(value=alpha[k - 1], min=0.0, max=3.0, step=0.05, style=style,
+                                                  description=f"step size, layer {k}") for k in (1, 2, 3)}
+    controls.update({f"gamma_{k}": widgets.FloatSlider(value=gamma[k - 1], min=0.0, max=1.5, step=0.05, style=style,
+                                                       description=f"direction weight, layer {k}")
+                     for k in (1, 2, 3)})
+    return explorer(show, **controls)

@@ -1,7 +1,5 @@
 """Memformers (Dutta et al. 2024) and the momentum baselines, in float64."""
 
-import importlib
-
 import pytest
 import torch
 
@@ -123,14 +121,12 @@ def test_chapter_5_checks_accept_the_reference_and_reject_mistakes():
     answers = {
         "cg_iterates": lambda X, y, num_steps: conjugate_gradient(X, y, num_steps),
         "memformer_layer": reference_memformer_layer,
-        "momentum_alpha_gamma": lambda eta, mu, num_layers: momentum_coefficients(
-            torch.full((num_layers,), eta, dtype=torch.float64), torch.full((num_layers,), mu, dtype=torch.float64)),
+        "momentum_alpha_gamma": momentum_coefficients,
     }
     wrong = {
         "cg_iterates": lambda X, y, num_steps: gradient_descent(X, y, 1.0, num_steps),
         "memformer_layer": lambda Z, register, A, alpha, gamma: reference_memformer_layer(Z, register, A, alpha, 0.0),
-        "momentum_alpha_gamma": lambda eta, mu, num_layers: (torch.full((num_layers,), eta),
-                                                             torch.full((num_layers,), eta * mu)),
+        "momentum_alpha_gamma": lambda eta, mu: (eta.clone(), mu.clone()),   # right only for a constant eta
     }
     for check in chapter_5_checks():
         cases = check.examples() + check.draw(random.Random(0))
@@ -141,44 +137,99 @@ def test_chapter_5_checks_accept_the_reference_and_reject_mistakes():
                 check.verify(case, checks.portable(wrong[check.name](**case.arguments)))
 
 
+@pytest.mark.parametrize("family", ["linear transformer", "CGD-like (scalars)", "CGD-like + A_l", "LFOM (tied gates)"])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_the_cheap_recursions_are_the_token_matrix(batch, family, heads):
+    from icl_course import memformer
+
+    if family == "CGD-like (scalars)" and heads > 1:
+        pytest.skip("A_l = I has no heads")
+    model = memformer.build(family, 4, num_heads=heads, seed=heads)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.2 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(5),
+                                             dtype=torch.float64))
+        cheap, tokens = model(batch).layer_weights, model(batch, tokens=True).layer_weights
+    torch.testing.assert_close(cheap, tokens, rtol=1e-10, atol=1e-12)
+    untied = Memformer(5, 20, num_layers=3, memory="lfom", tied=False, init_scale=0.3, dtype="float64")
+    with torch.no_grad():
+        torch.testing.assert_close(untied(batch).layer_weights, untied(batch, tokens=True).layer_weights)
+
+
+def test_the_paper_task_law_whitens_the_labels_and_the_one_layer_optimum_is_the_closed_form():
+    from icl_course import memformer
+
+    rotated = memformer.paper_tasks("rotated", seed=3)
+    S, W = rotated.covariance, rotated.weight_covariance
+    torch.testing.assert_close(S @ W, torch.eye(5, dtype=torch.float64), rtol=0, atol=1e-12)   # w ~ N(0, S^-1)
+    torch.testing.assert_close(torch.linalg.eigvalsh(S), torch.tensor([1 / 16, 1 / 4, 1, 1, 1], dtype=torch.float64))
+    # one layer: the best A is n / (n + d + 1) S^-1 and the loss d (d + 1) / (2 (n + d + 1)) in both settings
+    best = 5 * 6 / (2 * 26)
+    for setting in memformer.SETTINGS:
+        assert memformer.one_layer_optimum(setting, "CGD-like + A_l") == pytest.approx(best, rel=1e-12)
+    assert memformer.one_layer_optimum("isotropic", "CGD-like (scalars)") == pytest.approx(best, rel=1e-12)
+    assert memformer.one_layer_optimum("rotated", "CGD-like (scalars)") > 1.9 * best   # A = I cannot undo S
+    # ... and a Monte-Carlo fit of the one-layer model agrees with the closed form
+    batch = rotated.sample(200_000, seed=4)
+    b = batch.alpha / 20
+    A = torch.linalg.lstsq(b, batch.w).solution.T                 # least squares of w on b: E[w b^T] E[b b^T]^-1
+    error = b @ A.T - batch.w
+    loss = 0.5 * ((error @ S) * error).sum(-1).mean()
+    assert loss.item() == pytest.approx(best, rel=0.02)
+    with pytest.raises(ValueError, match="unknown setting"):
+        memformer.paper_tasks("skewed")
+
+
+def test_train_models_trains_every_depth_and_seed_at_once_and_lowers_the_fresh_task_loss():
+    from icl_course import memformer
+
+    recipe = dict(memformer.RECIPE, num_steps=60, batch_size=64, curve_every=30, curve_tasks=400)
+    samplers = [memformer.paper_tasks("rotated", 0), memformer.paper_tasks("isotropic")]
+    trained = memformer.train_models("CGD-like + A_l", (1, 2), samplers, [0, 1], recipe)
+    for depth, (weights, curve) in trained.items():
+        assert weights["A"].shape == (2, depth, 1, 5, 5) and curve.shape == (2, 3)
+        assert (curve[:, -1] < 0.8 * curve[:, 0]).all()
+        model = memformer.build("CGD-like + A_l", depth)
+        model.load_state_dict(memformer.unstack(weights, 1))
+
+
 def test_the_shipped_experiments_hold_every_model_at_every_depth_scored_on_enough_tasks():
     from icl_course import memformer
 
     results = memformer.load_experiments()
-    recipe = memformer.RECIPE
-    assert results["recipe"] == recipe and recipe["depths"] == (1, 2, 3, 4, 5, 6)
-    runs = [("S", rot) for rot in recipe["rotations"]] + [("I", rot) for rot in
-                                                          recipe["rotations"][:recipe["isotropic_seeds"]]]
-    expected = {str((setting, rot, name, depth)) for setting, rot in runs for name in memformer.MODELS
-                for depth in recipe["depths"]}
-    assert set(results["losses"]) == expected
-    for key, losses in results["losses"].items():
-        depth = int(key.rsplit(",", 1)[1].strip(" )"))
-        assert len(losses) == depth and key in results["models"]
-        assert all(0 < stderr < 0.2 * mean for mean, stderr in losses), key
-        # shallow models have light tails: 100 000 tasks pin them to 1% (the deep ones get 1 000 000)
-        assert depth >= 3 or all(stderr < 0.01 * mean for mean, stderr in losses), key
-    assert memformer.eval_count(2) == 100_000 and memformer.eval_count(3) == 1_000_000
+    recipe = results["recipe"]
+    assert recipe == memformer.RECIPE and set(recipe["depths"]) >= {1, 2, 3, 4} and len(recipe["seeds"]) >= 3
+    for setting in memformer.SETTINGS:
+        assert set(results["baselines"][setting]) == set(memformer.BASELINES)
+        for family in memformer.MODELS:
+            assert sorted(results["models"][setting][family]) == list(recipe["depths"])
+            for depth, run in results["models"][setting][family].items():
+                assert run["mean"].shape == run["stderr"].shape == (len(recipe["seeds"]), depth)
+                assert (run["stderr"] > 0).all() and (run["stderr"] < 0.1 * run["mean"]).all(), (setting, family, depth)
+                assert memformer.load_model(results, setting, family, depth, seed=2).num_layers == depth
+    assert memformer.eval_count(2) == recipe["shallow_eval_tasks"] and memformer.eval_count(3) == 1_000_000
+    for size, part in results["small_batch"].items():   # Dutta et al.'s small-batch fits, B = 1 and 10
+        assert size in (1, 10) and set(part) == {"batch", "cg_batch", "fresh", "fresh_stderr"}
+        assert all(values.shape == (len(recipe["seeds"]), len(recipe["depths"])) for values in part.values())
 
 
 def test_experiments_resume_from_their_file_and_refuse_another_recipe(tmp_path, monkeypatch):
     from icl_course import memformer
 
-    tiny = dict(memformer.RECIPE, depths=(1, 2), rotations=(0,), isotropic_seeds=1, num_steps=3, batch_size=16,
-                eval_tasks=500, shallow_eval_tasks=300, head_counts=(1,), head_steps=2)
-    monkeypatch.setattr(memformer, "RECIPE", tiny)
+    tiny = dict(memformer.RECIPE, depths=(1, 2), seeds=(0,), num_steps=3, batch_size=16, curve_every=3,
+                curve_tasks=50, eval_tasks=500, shallow_eval_tasks=300, tune_tasks=100, baseline_tasks=300)
     path = tmp_path / "experiments.pt"
-    first = memformer.run_experiments(path, device="cpu")
-    assert len(first["losses"]) == 2 * 4 * 2 and len(first["heads"]) == 2
+    first = memformer.run_experiments(path, recipe=tiny)
+    assert all(len(first["models"][s][f]) == 2 for s in memformer.SETTINGS for f in memformer.MODELS)
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished model was trained again")
-    monkeypatch.setattr(importlib.import_module("icl_course.train"), "train", no_training)
-    again = memformer.run_experiments(path, device="cpu")
-    assert again["losses"] == first["losses"] and again["heads"] == first["heads"]
-    monkeypatch.setattr(memformer, "RECIPE", dict(tiny, num_steps=4))
+    monkeypatch.setattr(memformer, "train_models", no_training)
+    again = memformer.run_experiments(path, recipe=tiny)
+    assert torch.equal(again["models"]["rotated"]["LFOM (tied gates)"][2]["mean"],
+                       first["models"]["rotated"]["LFOM (tied gates)"][2]["mean"])
     with pytest.raises(ValueError, match="another recipe"):
-        memformer.run_experiments(path, device="cpu")
+        memformer.run_experiments(path, recipe=dict(tiny, num_steps=4))
 
 
 def test_missing_damaged_or_foreign_results_and_unknown_models_get_clear_messages(tmp_path):
@@ -192,10 +243,10 @@ def test_missing_damaged_or_foreign_results_and_unknown_models_get_clear_message
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
     with pytest.raises(ValueError, match="is not a file of chapter 5 results"):
         memformer.load_experiments(tmp_path / "foreign.pt")
-    (tmp_path / "damaged.pt").write_bytes(b"not a torch file")
     with pytest.raises(ValueError, match="damaged or was not made by run_experiments"):
-        memformer.run_experiments(tmp_path / "damaged.pt", device="cpu")
+        memformer.run_experiments(tmp_path / "damaged.pt")
     results = memformer.load_experiments()
-    with pytest.raises(KeyError, match="no trained model .* a depth of \\(1, 2, 3, 4, 5, 6\\)"):
-        memformer.load_model(results, "S", 0, "CGD-like + A_l", 7)
-    assert memformer.load_model(results, "S", 0, "CGD-like + A_l", 6).num_layers == 6
+    with pytest.raises(KeyError, match="no trained model .* a depth of \\(1, 2, 3, 4"):
+        memformer.load_model(results, "rotated", "CGD-like + A_l", 9)
+    with pytest.raises(KeyError, match="unknown family"):
+        memformer.build("LSTM", 2)

@@ -2,7 +2,8 @@
 
 * ``cg_iterates``: conjugate gradient on a batch of tasks, every iterate;
 * ``memformer_layer``: one CGD-like Memformer layer in Ahn et al.'s matrix form, with its register;
-* ``momentum_alpha_gamma``: the scalars that make a CGD-like Memformer run heavy-ball momentum.
+* ``momentum_alpha_gamma``: the scalars that make a CGD-like Memformer run heavy-ball momentum with a step
+  size and a momentum of its own at every step.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def _verify_layer(case: Case, output) -> None:
 # -- task 3: momentum as a Memformer -----------------------------------------------------------
 
 def _verify_momentum(case: Case, output) -> None:
-    eta, mu, num_layers = (case.arguments[key] for key in ("eta", "mu", "num_layers"))
+    eta, mu = case.arguments["eta"], case.arguments["mu"]
+    num_layers = eta.shape[0]
     if not isinstance(output, (tuple, list)) or len(output) != 2:
         fail(f"momentum_alpha_gamma must return (alpha, gamma), got {describe(output)}")
     alpha, gamma = (expect_tensor(value, (num_layers,), name) for value, name in zip(output, ("alpha", "gamma")))
@@ -103,20 +105,24 @@ def _verify_momentum(case: Case, output) -> None:
     got = model(batch, alpha=alpha, gamma=gamma).layer_weights
     expected = momentum_descent(batch.X, batch.y, eta, mu, num_layers)[:, 1:]
     if not close(got[:, 0], expected[:, 0], 1e-6):  # 1e-6: float32 answers pass
-        fail(f"for {case.label}: the first layer must be one GD step of size eta (alpha_1 = eta)")
+        fail(f"for {case.label}: the first layer must be one GD step of size eta_1 (alpha_1 = eta_1)")
     if not close(got, expected, 1e-6):
-        fail(f"for {case.label}: the layers do not follow w + eta(-grad) + mu (w - w_prev); "
+        naive = model(batch, alpha=eta, gamma=mu).layer_weights
+        if close(got, naive, 1e-6):
+            fail(f"for {case.label}: gamma_l = mu_l holds only while the step size stays the same; here eta "
+                 "changes from layer to layer")
+        fail(f"for {case.label}: the layers do not follow w + eta_l(-grad) + mu_l (w - w_prev); "
              "write w_{l+1} - w_l = alpha_l R_l and solve for gamma_l")
 
 
-def _momentum_case(eta: float, mu: float, num_layers: int, generator: torch.Generator) -> Case:
+def _momentum_case(eta, mu, generator: torch.Generator) -> Case:
     B, n, d = 4, 12, 3
     X = normal(generator, B, n, d)
     w = normal(generator, B, d)
     y = (X @ w.unsqueeze(-1)).squeeze(-1)
     x_t = normal(generator, B, d)
     batch = TaskBatch(X=X, y=y, x_t=x_t, y_t=(x_t * w).sum(-1), w=w, sigma=torch.zeros(B, **FLOAT64))
-    return Case(dict(eta=eta, mu=mu, num_layers=num_layers), dict(batch=batch))
+    return Case(dict(eta=torch.tensor(eta, **FLOAT64), mu=torch.tensor(mu, **FLOAT64)), dict(batch=batch))
 
 
 def chapter_5_checks() -> list[Check]:
@@ -130,12 +136,13 @@ def chapter_5_checks() -> list[Check]:
                             query_label=True) for _ in range(3)]
 
     def momentum_draw(rng: random.Random):
-        return [_momentum_case(rng.uniform(0.1, 0.9), rng.uniform(0.0, 0.9), rng.randint(1, 6), generator_from(rng))
-                for _ in range(3)]
+        sizes = [rng.randint(1, 6) for _ in range(3)]
+        return [_momentum_case([rng.uniform(0.1, 0.9) for _ in range(L)], [rng.uniform(0.0, 0.9) for _ in range(L)],
+                               generator_from(rng)) for L in sizes]
 
-    def momentum_examples():
-        return [_momentum_case(0.5, 0.3, 2, torch.Generator().manual_seed(0)),
-                _momentum_case(0.2, 0.8, 4, torch.Generator().manual_seed(1))]
+    def momentum_examples():   # a constant schedule, then one whose step size changes
+        return [_momentum_case([0.5, 0.5], [0.3, 0.3], torch.Generator().manual_seed(0)),
+                _momentum_case([0.2, 0.6, 0.4, 0.8], [0.0, 0.8, 0.5, 0.3], torch.Generator().manual_seed(1))]
 
     return [
         Check(5, 1, "cg_iterates", lambda: [_cg_case(3, 20, 5, 6, torch.Generator().manual_seed(0))], cg_draw,

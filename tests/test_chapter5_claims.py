@@ -1,0 +1,70 @@
+"""Chapter 5's numbers, pinned on the shipped results (icl_course/pretrained/ch5_memformers.pt).
+
+The chapter checks each claim of its prose once; these tests pin the numbers behind them more tightly, so a
+retrained file that moves them is noticed.  Bands: a family's seeds and a baseline, each mean with 4 standard
+errors (``memformer.loss_band``)."""
+
+import pytest
+import torch
+
+from icl_course import memformer
+
+PRECONDITIONED = ("linear transformer", "CGD-like + A_l", "LFOM (tied gates)")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return memformer.load_experiments()
+
+
+def band(results, setting, name):
+    return memformer.loss_band(results, setting, name)
+
+
+def test_every_one_layer_model_sits_on_its_closed_form_optimum(results):
+    for setting in memformer.SETTINGS:
+        for family in memformer.MODELS:
+            run = results["models"][setting][family][1]
+            best = memformer.one_layer_optimum(setting, family)
+            assert ((run["mean"][:, 0] - best).abs() < 4 * run["stderr"][:, 0]).all(), (setting, family)
+
+
+def test_families_with_a_preconditioner_lose_the_same_on_rotated_and_isotropic_data(results):
+    # x -> U D z, w -> U D^-1 z' maps one setting onto the other for every model with a full A_l, so their
+    # optima agree: trained models that agree have found them (the scalar family has no such map)
+    for family in PRECONDITIONED:
+        rotated, isotropic = (memformer.final_losses(results, s, family)[0].mean(0) for s in memformer.SETTINGS)
+        assert ((rotated / isotropic - 1).abs() < 0.06).all(), (family, rotated, isotropic)
+
+
+def test_seeds_agree_and_training_curves_are_flat(results):
+    for setting in memformer.SETTINGS:
+        for family in memformer.MODELS:
+            means, errors = memformer.final_losses(results, setting, family)
+            assert (means.max(0).values / means.min(0).values < 1.08).all(), (setting, family)
+            for depth, run in results["models"][setting][family].items():
+                late = (run["curve"][:, -6] - run["curve"][:, -1]) / run["curve"][:, -1]
+                assert (late.abs() < 0.15).all(), (setting, family, depth)
+
+
+def test_trained_models_are_no_worse_than_the_tuned_gd_they_contain(results):
+    for setting in memformer.SETTINGS:
+        gd_low, gd_high = band(results, setting, "GD (tuned steps)")
+        for family in memformer.MODELS:
+            low, high = band(results, setting, family)
+            assert (low < gd_high).all(), (setting, family)
+
+
+def test_the_pinned_numbers(results):
+    def mean(setting, name):
+        low, high = memformer.loss_band(results, setting, name, width=0)
+        return (low + high) / 2
+
+    torch.testing.assert_close(mean("rotated", "CG"), torch.tensor([0.99, 0.578, 0.272, 0.100], dtype=torch.float64),
+                               rtol=0.02, atol=0)
+    torch.testing.assert_close(mean("rotated", "CGD-like + A_l"),
+                               torch.tensor([0.577, 0.180, 0.067, 0.028], dtype=torch.float64), rtol=0.05, atol=0)
+    torch.testing.assert_close(mean("rotated", "CGD-like (scalars)"),
+                               torch.tensor([1.12, 0.779, 0.582, 0.432], dtype=torch.float64), rtol=0.05, atol=0)
+    torch.testing.assert_close(mean("isotropic", "CG"),
+                               torch.tensor([0.455, 0.0844, 0.0117, 0.00085], dtype=torch.float64), rtol=0.03, atol=0)
