@@ -14,7 +14,8 @@ context is and regularise accordingly.  This module holds what chapter 4 measure
   notebook (models of 3 layers and more on 1 000 000 tasks per number), remade with
   ``python -m icl_course.mixed_noise``;
 * :func:`compute_depth_profiles`: the per-noise, per-layer profiles of the deepest tail-free models
-  (Vladymyrov et al. 2024, figures 2, 3 and 6), added to the same file.
+  (Vladymyrov et al. 2024, figures 2, 3 and 6), added to the same file;
+* :func:`compute_head_comparison`: does a second head help a trained two-layer Diag model?  Added too.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from .models import LinearTransformer, ModelOutput
 from .runtime import make_generator
 
 __all__ = ["diagonal_weights_table", "effective_step", "per_task_adjusted_losses", "tail_summary",
-           "compute_results", "compute_depth_profiles", "load_results", "RESULTS_PATH", "PROFILE_SIGMAS",
-           "DEPTH_PROFILE_RUN", "DEPTH_PROFILE_MODELS", "DEPTH_PROFILE_SIGMAS"]
+           "compute_results", "compute_depth_profiles", "compute_head_comparison", "load_results", "RESULTS_PATH",
+           "PROFILE_SIGMAS", "DEPTH_PROFILE_RUN", "DEPTH_PROFILE_MODELS", "DEPTH_PROFILE_SIGMAS"]
 
 RESULTS_PATH = Path(__file__).parent / "pretrained" / "mixed_noise.json"
 #: the fixed noise levels of the shipped per-noise profiles (trained on sigma ~ U(0, 5); 6 is outside)
@@ -266,6 +267,56 @@ def compute_depth_profiles(num_tasks: int = 1_000_000, path=None, log: Callable 
     return results["depth_profiles"]
 
 
+def compute_head_comparison(path=None, log: Callable = print, run: str = DEPTH_PROFILE_RUN, column: str = "5",
+                            num_steps: int = 3000, num_tasks: int = LIGHT_NUM_TASKS, seed: int = 3) -> dict:
+    """One head against two for the two-layer Diag model of Table 1 run ``run``; adds ``heads`` to ``path``.
+
+    A single head's four weights per layer are products ``p_a q_b`` (so ``w_xx w_yy = w_xy w_yx``); two heads
+    set all four freely (:func:`~icl_course.models.diagonal_construction`).  Both start from the run's
+    trained model of ``column`` (the two-head one as its exact copy) and train the same ``num_steps`` more
+    (Adam at a constant 1e-4, batch 512, no clipping, the same task stream), then are scored with the
+    model they started from on the same ``num_tasks`` tasks, paired with the oracle ridge.  About a
+    minute on one CPU core.
+    """
+    from .models import diagonal_construction
+    from .table1 import column_noise, load_table1_model
+    from .train import train
+
+    started = time.perf_counter()
+    path = Path(path) if path is not None else RESULTS_PATH
+    results = load_results(path) if path.is_file() else {}
+    start = load_table1_model("diag", 2, column, run).float()
+    names = ("w_xx", "w_xy", "w_yx", "w_yy")
+    layers = [dict(zip(names, row.tolist())) for row in diagonal_weights_table(start)]
+    models = {"one head": load_table1_model("diag", 2, column, run).float(),
+              "two heads": diagonal_construction(10, layers).float()}
+    sampler = RegressionTasks(10, 20, noise=column_noise(column), dtype=torch.float32, device="cpu")
+    with torch.enable_grad():
+        for model in models.values():
+            train(model, sampler, num_steps, batch_size=512, learning_rate=1e-4, schedule="constant",
+                  clip_norm=None, seed=seed, progress=False)
+    log(f"head comparison trained ({time.perf_counter() - started:.0f} s)")
+    predictors = {"trained": start.double(), **{name: model.double() for name, model in models.items()}}
+    evaluation = RegressionTasks(10, 20, noise=column_noise(column), dtype=torch.float64, device="cpu")
+    with torch.no_grad():
+        generator = make_generator(EVALUATION_SEED)
+        losses = {name: [] for name in predictors}
+        for begin in range(0, num_tasks, 50_000):
+            batch = evaluation.sample(min(50_000, num_tasks - begin), generator)
+            oracle = query_averaged_loss(oracle_ridge(batch), batch)
+            for name, predictor in predictors.items():
+                losses[name].append(query_averaged_loss(predictor(batch).weights, batch) - oracle)
+    losses = {name: torch.cat(values) for name, values in losses.items()}
+    results["heads"] = dict(
+        run=run, column=column, num_steps=num_steps, num_tasks=num_tasks,
+        scores={name: _estimate_dict(Estimate.from_samples(values)) for name, values in losses.items()},
+        two_minus_one=_estimate_dict(Estimate.from_samples(losses["two heads"] - losses["one head"])),
+        weights={name: diagonal_weights_table(model).tolist() for name, model in models.items()},
+        seconds=round(time.perf_counter() - started, 1), command="python -m icl_course.mixed_noise --heads-only")
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return results["heads"]
+
+
 def load_results(path=None) -> dict:
     """The evaluations written by :func:`compute_results` (default: the ones shipped with the package)."""
     path = Path(path) if path is not None else RESULTS_PATH
@@ -288,12 +339,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help=f"the JSON file to write (default {RESULTS_PATH})")
     parser.add_argument("--depth-profiles-only", action="store_true",
                         help="remake only the profiles of the deepest tail-free models (compute_depth_profiles)")
+    parser.add_argument("--heads-only", action="store_true",
+                        help="remake only the one-head against two-heads comparison (compute_head_comparison)")
     args = parser.parse_args(argv)
     if args.num_tasks < 2:
         parser.error("--num-tasks must be at least 2")
-    if not args.depth_profiles_only:
+    if args.depth_profiles_only and args.heads_only:
+        parser.error("--depth-profiles-only and --heads-only each remake one part: pass at most one")
+    if not (args.depth_profiles_only or args.heads_only):
         compute_results(args.num_tasks, args.out)
-    compute_depth_profiles(args.num_tasks, args.out)
+    if not args.heads_only:
+        compute_depth_profiles(args.num_tasks, args.out)
+    if not args.depth_profiles_only:
+        compute_head_comparison(args.out, num_tasks=min(args.num_tasks, LIGHT_NUM_TASKS))
     return 0
 
 

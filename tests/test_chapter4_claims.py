@@ -15,6 +15,7 @@ from icl_course.mixed_noise import (
     DEPTH_PROFILE_RUN,
     DEPTH_PROFILE_SIGMAS,
     compute_depth_profiles,
+    compute_head_comparison,
     diagonal_weights_table,
     load_results,
 )
@@ -60,3 +61,12 @@ def test_compute_depth_profiles_adds_its_entry_and_keeps_the_others(tmp_path):
     assert [len(per_layer) for per_layer in model["layers"]] == [2, 2]
     assert written["baselines"]["5"]["AdaRR"][0]["mean"] == pytest.approx(0.0, abs=1e-9)   # exact at sigma = 0
     assert written["baselines"]["5"]["TunedRR"][1]["num_tasks"] == 300
+
+
+def test_compute_head_comparison_adds_its_entry_and_the_shipped_one_is_full_size(tmp_path):
+    path = tmp_path / "evaluations.json"
+    written = compute_head_comparison(path, log=lambda message: None, num_steps=5, num_tasks=400)
+    assert load_results(path)["heads"] == json.loads(json.dumps(written))
+    assert set(written["scores"]) == {"trained", "one head", "two heads"}
+    shipped = load_results()["heads"]
+    assert shipped["run"] == DEPTH_PROFILE_RUN and shipped["num_tasks"] >= 100_000 and shipped["num_steps"] >= 1000
