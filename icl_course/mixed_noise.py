@@ -12,7 +12,10 @@ context is and regularise accordingly.  This module holds what chapter 4 measure
   adjusted loss over many tasks, for the heavy tails of deep models;
 * :func:`compute_results` / :func:`load_results`: the shipped evaluations that are too slow for a
   notebook (models of 3 layers and more on 1 000 000 tasks per number), remade with
-  ``python -m icl_course.mixed_noise``.
+  ``python -m icl_course.mixed_noise``;
+* :func:`compute_depth_profiles`: the per-noise, per-layer profiles of the deepest tail-free models
+  (Vladymyrov et al. 2024, figures 2, 3 and 6), added to the same file;
+* :func:`compute_head_comparison`: does a second head help a trained two-layer Diag model?  Added too.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from .models import LinearTransformer, ModelOutput
 from .runtime import make_generator
 
 __all__ = ["diagonal_weights_table", "effective_step", "per_task_adjusted_losses", "tail_summary",
-           "compute_results", "load_results", "RESULTS_PATH", "PROFILE_SIGMAS"]
+           "compute_results", "compute_depth_profiles", "compute_head_comparison", "load_results", "RESULTS_PATH",
+           "PROFILE_SIGMAS", "DEPTH_PROFILE_RUN", "DEPTH_PROFILE_MODELS", "DEPTH_PROFILE_SIGMAS"]
 
 RESULTS_PATH = Path(__file__).parent / "pretrained" / "mixed_noise.json"
 #: the fixed noise levels of the shipped per-noise profiles (trained on sigma ~ U(0, 5); 6 is outside)
@@ -41,6 +45,15 @@ PROFILE_SIGMAS = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
 TUNING_SEED, EVALUATION_SEED = 11, 2025
 TASK_FEATURES = ("smallest_eigenvalue", "largest_eigenvalue", "label_energy", "sigma")
 LIGHT_NUM_TASKS = 100_000   # for learners without heavy tails: the baselines and models of 1-2 layers
+#: the Table 1 run whose deepest models :func:`compute_depth_profiles` evaluates: the ``cpu`` run (depths 1-4),
+#: whose models have no heavy tails at 3 and 4 layers outside the noiseless column
+DEPTH_PROFILE_RUN = "cpu"
+#: (variant, depth, column) of the models it evaluates: figure 2 (GD++ and Diag on U(0, 5), Diag on U(0, 7)),
+#: figure 3 (Diag and Full trained on {1, 3}) and figure 6 (every layer of the GD++ and Diag models on U(0, 5))
+DEPTH_PROFILE_MODELS = (("gdpp", 4, "5"), ("diag", 4, "5"), ("diag", 4, "7"), ("diag", 4, "{1,3}"),
+                        ("full", 4, "{1,3}"))
+#: the fixed noise levels of those profiles: the whole range 0-7, so that U(0, 5) and {1, 3} extrapolate
+DEPTH_PROFILE_SIGMAS = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0)
 
 
 def diagonal_weights_table(model: LinearTransformer) -> torch.Tensor:
@@ -185,6 +198,125 @@ def compute_results(num_tasks: int = 1_000_000, path=None, log: Callable = print
     return results
 
 
+def _model_key(variant: str, depth: int, column: str) -> str:
+    from .table1 import VARIANTS
+
+    return f"{VARIANTS[variant]} {depth} on {column}"
+
+
+def compute_depth_profiles(num_tasks: int = 1_000_000, path=None, log: Callable = print, run: str = DEPTH_PROFILE_RUN,
+                           models: Sequence = DEPTH_PROFILE_MODELS, sigmas: Sequence[float] = DEPTH_PROFILE_SIGMAS,
+                           chunk_size: int = 50_000, tuning_tasks: int = 100_000) -> dict:
+    """Per-noise profiles of every layer of the deepest tail-free Table 1 models; adds ``depth_profiles`` to ``path``.
+
+    At each fixed ``sigma`` in ``sigmas`` every model in ``models`` (``(variant, depth, column)`` of Table 1
+    run ``run``) sees the same ``num_tasks`` tasks, paired with the oracle ridge: the adjusted loss of each
+    layer's prediction ``-y_t^l`` (Vladymyrov et al. 2024, figure 6; the last layer is the model's own,
+    figures 2 and 3).  AdaRR and TunedRR (tuned on each model's training prior) are scored on the first
+    100 000 of those tasks.  Writes ``depth_profiles = {run, sigmas, num_tasks, models: {name: {variant,
+    depth, column, layers: [sigma][layer] -> {mean, stderr, num_tasks}}}, baselines: {column: {name:
+    [sigma] -> {...}}}}`` into the JSON at ``path`` (default: the package's), keeping its other entries.
+    About 30 minutes on one CPU core for the defaults.
+    """
+    from .baselines import AdaRR
+    from .table1 import column_noise, load_table1_model
+
+    started = time.perf_counter()
+    path = Path(path) if path is not None else RESULTS_PATH
+    results = load_results(path) if path.is_file() else {}
+    loaded = {_model_key(*spec): load_table1_model(*spec, run).double() for spec in models}
+    columns = sorted({column for _, _, column in models}, key=str)
+    baselines = {column: dict(AdaRR=AdaRR(), TunedRR=TunedRR().fit(RegressionTasks(
+        10, 20, noise=column_noise(column), dtype=torch.float64, device="cpu").sample(tuning_tasks, seed=TUNING_SEED)))
+        for column in columns}
+    light_tasks = min(num_tasks, LIGHT_NUM_TASKS)
+    layers = {name: [] for name in loaded}
+    baseline_profiles = {column: {name: [] for name in baselines[column]} for column in columns}
+    with torch.no_grad():
+        for sigma in sigmas:
+            sampler = RegressionTasks(10, 20, noise=FixedNoise(float(sigma)), dtype=torch.float64, device="cpu")
+            generator = make_generator(EVALUATION_SEED)
+            losses = {name: [] for name in loaded}
+            light = {column: {name: [] for name in baselines[column]} for column in columns}
+            for start in range(0, num_tasks, chunk_size):
+                batch = sampler.sample(min(chunk_size, num_tasks - start), generator)
+                oracle = query_averaged_loss(oracle_ridge(batch), batch)
+                for name, model in loaded.items():   # (B, L): every layer's prediction, paired with the oracle
+                    losses[name].append(query_averaged_loss(model(batch).layer_weights, batch) - oracle.unsqueeze(1))
+                if start < light_tasks:
+                    kept = min(chunk_size, light_tasks - start)
+                    for column, learners in baselines.items():
+                        for name, learner in learners.items():
+                            light[column][name].append(
+                                (query_averaged_loss(learner(batch), batch) - oracle)[:kept])
+            for name, chunks in losses.items():
+                per_layer = torch.cat(chunks)
+                layers[name].append([_estimate_dict(Estimate.from_samples(per_layer[:, layer]))
+                                     for layer in range(per_layer.shape[1])])
+            for column in columns:
+                for name, chunks in light[column].items():
+                    baseline_profiles[column][name].append(_estimate_dict(Estimate.from_samples(torch.cat(chunks))))
+            log(f"depth profiles at sigma = {sigma:g} done ({time.perf_counter() - started:.0f} s)")
+    results["depth_profiles"] = dict(
+        run=run, sigmas=[float(sigma) for sigma in sigmas], num_tasks=num_tasks,
+        models={_model_key(*spec): dict(variant=spec[0], depth=spec[1], column=spec[2],
+                                        layers=layers[_model_key(*spec)]) for spec in models},
+        baselines=baseline_profiles, seconds=round(time.perf_counter() - started, 1),
+        command="python -m icl_course.mixed_noise --depth-profiles-only")
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return results["depth_profiles"]
+
+
+def compute_head_comparison(path=None, log: Callable = print, run: str = DEPTH_PROFILE_RUN, column: str = "5",
+                            num_steps: int = 3000, num_tasks: int = LIGHT_NUM_TASKS, seed: int = 3) -> dict:
+    """One head against two for the two-layer Diag model of Table 1 run ``run``; adds ``heads`` to ``path``.
+
+    A single head's four weights per layer are products ``p_a q_b`` (so ``w_xx w_yy = w_xy w_yx``); two heads
+    set all four freely (:func:`~icl_course.models.diagonal_construction`).  Both start from the run's
+    trained model of ``column`` (the two-head one as its exact copy) and train the same ``num_steps`` more
+    (Adam at a constant 1e-4, batch 512, no clipping, the same task stream), then are scored with the
+    model they started from on the same ``num_tasks`` tasks, paired with the oracle ridge.  About a
+    minute on one CPU core.
+    """
+    from .models import diagonal_construction
+    from .table1 import column_noise, load_table1_model
+    from .train import train
+
+    started = time.perf_counter()
+    path = Path(path) if path is not None else RESULTS_PATH
+    results = load_results(path) if path.is_file() else {}
+    start = load_table1_model("diag", 2, column, run).float()
+    names = ("w_xx", "w_xy", "w_yx", "w_yy")
+    layers = [dict(zip(names, row.tolist())) for row in diagonal_weights_table(start)]
+    models = {"one head": load_table1_model("diag", 2, column, run).float(),
+              "two heads": diagonal_construction(10, layers).float()}
+    sampler = RegressionTasks(10, 20, noise=column_noise(column), dtype=torch.float32, device="cpu")
+    with torch.enable_grad():
+        for model in models.values():
+            train(model, sampler, num_steps, batch_size=512, learning_rate=1e-4, schedule="constant",
+                  clip_norm=None, seed=seed, progress=False)
+    log(f"head comparison trained ({time.perf_counter() - started:.0f} s)")
+    predictors = {"trained": start.double(), **{name: model.double() for name, model in models.items()}}
+    evaluation = RegressionTasks(10, 20, noise=column_noise(column), dtype=torch.float64, device="cpu")
+    with torch.no_grad():
+        generator = make_generator(EVALUATION_SEED)
+        losses = {name: [] for name in predictors}
+        for begin in range(0, num_tasks, 50_000):
+            batch = evaluation.sample(min(50_000, num_tasks - begin), generator)
+            oracle = query_averaged_loss(oracle_ridge(batch), batch)
+            for name, predictor in predictors.items():
+                losses[name].append(query_averaged_loss(predictor(batch).weights, batch) - oracle)
+    losses = {name: torch.cat(values) for name, values in losses.items()}
+    results["heads"] = dict(
+        run=run, column=column, num_steps=num_steps, num_tasks=num_tasks,
+        scores={name: _estimate_dict(Estimate.from_samples(values)) for name, values in losses.items()},
+        two_minus_one=_estimate_dict(Estimate.from_samples(losses["two heads"] - losses["one head"])),
+        weights={name: diagonal_weights_table(model).tolist() for name, model in models.items()},
+        seconds=round(time.perf_counter() - started, 1), command="python -m icl_course.mixed_noise --heads-only")
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return results["heads"]
+
+
 def load_results(path=None) -> dict:
     """The evaluations written by :func:`compute_results` (default: the ones shipped with the package)."""
     path = Path(path) if path is not None else RESULTS_PATH
@@ -205,10 +337,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m icl_course.mixed_noise", description=main.__doc__)
     parser.add_argument("--num-tasks", type=int, default=1_000_000, help="tasks per number (default 1 000 000)")
     parser.add_argument("--out", default=None, help=f"the JSON file to write (default {RESULTS_PATH})")
+    parser.add_argument("--depth-profiles-only", action="store_true",
+                        help="remake only the profiles of the deepest tail-free models (compute_depth_profiles)")
+    parser.add_argument("--heads-only", action="store_true",
+                        help="remake only the one-head against two-heads comparison (compute_head_comparison)")
     args = parser.parse_args(argv)
     if args.num_tasks < 2:
         parser.error("--num-tasks must be at least 2")
-    compute_results(args.num_tasks, args.out)
+    if args.depth_profiles_only and args.heads_only:
+        parser.error("--depth-profiles-only and --heads-only each remake one part: pass at most one")
+    if not (args.depth_profiles_only or args.heads_only):
+        compute_results(args.num_tasks, args.out)
+    if not args.heads_only:
+        compute_depth_profiles(args.num_tasks, args.out)
+    if not args.depth_profiles_only:
+        compute_head_comparison(args.out, num_tasks=min(args.num_tasks, LIGHT_NUM_TASKS))
     return 0
 
 
