@@ -26,6 +26,7 @@ from .grading.protocol import (
     generator_from,
     giveaways_used,
     hint,
+    mismatch,
     normal,
     plural,
     portable,
@@ -42,7 +43,7 @@ __all__ = ["CHECKS",  # noqa: F822 (given by __getattr__ below)
            "recorded_names", "giveaways_used", "hint", "progress", "Progress", "find", "portable",
            "write_cases", "ANSWERS_VARIABLE", "CASES_FOLDER", "FLOAT64", "fail", "expect_tensor", "expect_number",
            "expect_pair",
-           "describe", "close", "plural", "generator_from", "normal"]
+           "describe", "close", "mismatch", "plural", "generator_from", "normal"]
 
 
 def __getattr__(name: str):

@@ -29,7 +29,7 @@ its own kernel, this module's copy included, but not what the grader's process c
 depend only on whether the outputs have the graded properties.
 
 A catalogue builds its checks from the helpers below (``fail``, ``expect_tensor``, ``expect_number``,
-``expect_pair``, ``describe``, ``close``, ``plural``, ``generator_from``, ``normal``), all public.
+``expect_pair``, ``describe``, ``close``, ``mismatch``, ``plural``, ``generator_from``, ``normal``), all public.
 """
 
 from __future__ import annotations
@@ -41,11 +41,13 @@ import numbers
 import os
 import random
 import re
+import textwrap
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy
 import torch
 
 from ..hints import HINTS
@@ -54,7 +56,7 @@ __all__ = ["Case", "Check", "CheckFailed", "SelfCheckFailed", "self_check", "rec
            "recorded_names", "giveaways_used", "hint", "progress", "Progress", "find", "portable",
            "write_cases", "ANSWERS_VARIABLE", "CASES_FOLDER", "FLOAT64", "fail", "expect_tensor", "expect_number",
            "expect_pair",
-           "describe", "close", "plural", "generator_from", "normal"]
+           "describe", "close", "mismatch", "plural", "generator_from", "normal"]
 
 ANSWERS_VARIABLE = "ICL_COURSE_ANSWERS"
 CASES_FOLDER = "cases"    # in the answers folder: the grading inputs that the grader wrote for the kernel
@@ -75,7 +77,14 @@ class SelfCheckFailed(AssertionError):
     """
 
     def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[1;31mSelf-check failed\x1b[0m: {self}"]
+        # Lines wrapped here, at spaces: JupyterLab's output CSS (word-break: break-all) would otherwise
+        # break a long line in the middle of a word ("d / ivides").
+        lines = textwrap.wrap(f"Self-check failed: {self}", width=_WRAP, break_long_words=False,
+                              break_on_hyphens=False)
+        return [lines[0].replace("Self-check failed", "\x1b[1;31mSelf-check failed\x1b[0m", 1), *lines[1:]]
+
+
+_WRAP = 76   # columns: fits the output area of a notebook in a narrow window
 
 
 @dataclass
@@ -178,6 +187,14 @@ def close(got: torch.Tensor, expected: torch.Tensor, tolerance: float = 1e-7) ->
     return bool((got - expected).abs().max() <= tolerance * (1 + expected.abs().max()))
 
 
+def mismatch(got: torch.Tensor, expected: torch.Tensor) -> str:
+    """Where ``got`` is furthest from ``expected``, for a message: ``at [1, 3]: expected 0.25, got 0.5``."""
+    error = (got - expected).abs().nan_to_num(nan=math.inf)
+    index = tuple(int(i) for i in numpy.unravel_index(int(error.argmax()), tuple(error.shape)))
+    where = f" at [{', '.join(map(str, index))}]" if index else ""
+    return f"{where}: expected {expected[index].item():.6g}, got {got[index].item():.6g}"
+
+
 def generator_from(rng: random.Random) -> torch.Generator:
     """A CPU torch generator seeded from ``rng``: a case drawn from a seed is the same on every machine."""
     return torch.Generator().manual_seed(rng.getrandbits(62))
@@ -259,19 +276,25 @@ def hint(name: str) -> None:
     """Print the next hint of the task ``name`` (the first call the first hint, and so on).
 
     The first hint points the way; the last one nearly gives the answer.  ``checks.hint(name)``
-    after the last one repeats it.
+    after the last one shows them all again and says that there are no more.
     """
     find(name)
     hints = HINTS.get(name, ())
     if not hints:
         print(f"{name}: this task has no hints")
         return
-    shown = min(_HINTS_SHOWN.get(name, 0) + 1, len(hints))
+    before = _HINTS_SHOWN.get(name, 0)
+    shown = min(before + 1, len(hints))
     _HINTS_SHOWN[name] = shown
     for number in range(1, shown + 1):
         print(f"hint {number} of {len(hints)}: {hints[number - 1]}")
     if shown < len(hints):
         print(f"(call checks.hint({name!r}) again for the next)")
+    elif before >= len(hints):
+        print(f"(no more hints: all {len(hints)} are shown above. Compare your function with the last one "
+              "line by line on the self-check's example, or ask your instructor.)")
+    else:
+        print("(that was the last hint for this task)")
 
 
 @dataclass
