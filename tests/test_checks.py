@@ -67,7 +67,7 @@ MISTAKES = {
     "gdpp_layers": (lambda kappa, eps: theory.gdpp_layers_needed(kappa, eps) - 1, "are needed"),
     "best_cosine": (
         lambda X, target: (X[..., 0] * target).sum(-1).abs() / (X[..., 0].norm(dim=-1) * target.norm(dim=-1)),
-        "projection"),
+        r"columns' span with the target; the furthest task at \[\d+\]: expected [-\d.e]+, got [-\d.e]+"),
     "newton_iterates": (
         lambda S, num_steps: torch.stack([torch.eye(S.shape[0], dtype=S.dtype) / torch.trace(S)] * (num_steps + 1)),
         "start from"),
