@@ -84,7 +84,7 @@ class SelfCheckFailed(AssertionError):
         return [lines[0].replace("Self-check failed", "\x1b[1;31mSelf-check failed\x1b[0m", 1), *lines[1:]]
 
 
-_WRAP = 76   # columns: fits the output area of a notebook in a narrow window
+_WRAP = 72   # columns: fits the output area of a notebook in a window of 600 pixels and more
 
 
 @dataclass
