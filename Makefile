@@ -22,7 +22,7 @@ NO_BROWSER := $(if $(or $(DISPLAY),$(WAYLAND_DISPLAY),$(filter Darwin,$(shell un
 # containers and Colab-like machines run as root, which JupyterLab refuses unless told
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
-.PHONY: install install-lab lab instructor-lab lint test test-fast test-lower-bounds site course notebooks exercises benchmark clean
+.PHONY: install install-lab lab instructor-lab lint test test-fast test-lower-bounds site serve-site course notebooks exercises benchmark clean
 
 install: $(STAMP)
 install-lab: $(LAB_STAMP)
@@ -83,6 +83,12 @@ test-fast: $(STAMP)
 # stored outputs, search, the notation card, the references and the list of exercises.
 site: $(STAMP)
 	$(BIN)/python site/build.py
+
+# The same, then served on http://127.0.0.1:8000 (SITE_PORT=...) until Ctrl-C: search shows its
+# snippets only over a server, as browsers refuse its fetches from file://.
+SITE_PORT ?= 8000
+serve-site: $(STAMP)
+	$(BIN)/python site/build.py --serve --port $(SITE_PORT)
 
 # Execute every chapter top to bottom and write HTML pages to build/.
 course: $(STAMP)

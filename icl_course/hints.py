@@ -92,16 +92,19 @@ HINTS: dict[str, tuple[str, ...]] = {
     ),
     # chapter 4
     "noise_estimate": (
-        "Fit least squares on each task's context, then look at what the fit leaves over: the residuals.",
-        "torch.linalg.lstsq(X, y.unsqueeze(-1)).solution gives w_ols for every task at once (B, d, 1); the residuals "
-        "are y - X w_ols.",
-        "Sum the squared residuals over the context and divide by n - d (not n), with no square root.",
+        "The noise is what no linear function of x explains: fit a linear model to each task's context and look "
+        "at what the fit leaves over.",
+        "The residuals y - X w_ols of the least-squares fit are noise that the fit has partly absorbed: d of their "
+        "n degrees of freedom went into w_ols, so their squares sum to about (n - d) sigma^2.",
+        "w_ols = torch.linalg.lstsq(X, y.unsqueeze(-1)).solution, (B, d, 1) for all tasks; the estimate is the sum "
+        "of the squared residuals over the context divided by n - d, a variance (no square root).",
     ),
     "adjusted_loss_per_task": (
         "Two half squared errors per task: the learner's, 1/2 ||w_hat - w||^2, and the oracle ridge's.",
-        "The oracle solves (Sigma + sigma^2 I) w = alpha with Sigma = X^T X, alpha = X^T y and each task's own sigma: "
-        "one batched torch.linalg.solve with sigma**2 reshaped to (B, 1, 1).",
-        "Return 0.5 * ((w_hat - w)**2).sum(-1) - 0.5 * ((w_oracle - w)**2).sum(-1): the learner minus the oracle.",
+        "The oracle is ridge regression that knows each task's noise: it solves (Sigma + sigma^2 I) w = alpha with "
+        "Sigma = X^T X and alpha = X^T y, every task with its own sigma.",
+        "One batched torch.linalg.solve with sigma**2 reshaped to (B, 1, 1) gives w_oracle; return "
+        "0.5 * ((w_hat - w)**2).sum(-1) - 0.5 * ((w_oracle - w)**2).sum(-1): the learner minus the oracle.",
     ),
     "diag_layer": (
         "Split the tokens into inputs x = tokens[..., :-1] and labels y = tokens[..., -1]; the sums read only the "

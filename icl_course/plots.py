@@ -15,9 +15,9 @@ from .memformer import MODELS, SETTINGS, Memformer, cg_coefficients, final_losse
 from .models import LinearTransformer, gd_construction
 from .optimizers import conjugate_gradient
 
-__all__ = ["setup_notebook", "plot_estimates", "plot_task_fits", "show_task_fits", "show_gd_and_transformer",
-           "show_one_step_loss", "show_gdpp_spectrum", "show_diag_profile", "show_cg_coefficients",
-           "plot_memformer_comparison"]
+__all__ = ["setup_notebook", "readable_log_axis", "plot_estimates", "plot_task_fits", "show_task_fits",
+           "show_gd_and_transformer", "show_one_step_loss", "show_gdpp_spectrum", "show_diag_profile",
+           "show_cg_coefficients", "plot_memformer_comparison"]
 
 COLORS = {
     "least squares": "#4c72b0", "oracle ridge": "#222222", "ridge": "#222222", "ConstRR": "#dd8452",
@@ -31,6 +31,17 @@ COLORS = {
     "GD++ 2": "#8172b3", "GD++ 5": "#8172b3", "Diag 2": "#7fb3e0", "Diag 3": "#1f77b4", "Diag 5": "#0b3c6e",
     "Full 5": "#da8bc3",
 }
+
+
+def readable_log_axis(axis) -> None:
+    """Ticks of a logarithmic ``axis`` (``ax.xaxis`` or ``ax.yaxis``) at 1, 2 and 5 times the powers of ten,
+    written as plain numbers (0.2, 1, 50).  Matplotlib's default labels every minor tick of an axis that
+    spans less than two decades as ``3 x 10^-1``, ``4 x 10^-1``, ... which crowds it."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def setup_notebook() -> None:
@@ -85,7 +96,7 @@ def plot_task_fits(batch, weights: Mapping[str, torch.Tensor], queries: torch.Te
     left.set_xticks(range(d), [f"$w_{{{i + 1}}}$" for i in range(d)] if d <= 12 else None)
     left.set_xlabel("coordinate of the weight vector")
     left.set_ylabel("value")
-    left.set_title(f"one task: d={d}, n={batch.n}, sigma={float(batch.sigma[0]):.2g}")
+    left.set_title(f"one task: $d$ = {d}, $n$ = {batch.n}, $\\sigma$ = {float(batch.sigma[0]):.2g}")
     left.legend(fontsize=8)
     targets = (queries.cpu() @ truth).numpy()
     for name, value in weights.items():
@@ -97,7 +108,7 @@ def plot_task_fits(batch, weights: Mapping[str, torch.Tensor], queries: torch.Te
     right.plot([-bound, bound], [-bound, bound], color=COLORS["truth"], linewidth=1, label="y_hat = y_t")
     right.set_xlabel("true target $y_t = \\langle w, x_t \\rangle$")
     right.set_ylabel("prediction $\\hat y$")
-    right.set_title("fresh queries (loss = 1/2 E[(y_hat - y_t)^2])")
+    right.set_title("fresh queries (loss $\\frac{1}{2}E[(\\hat y - y_t)^2]$)")
     right.legend(fontsize=8)
     return axes
 
@@ -147,9 +158,10 @@ def show_gd_and_transformer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: f
     left.plot(range(1, num_steps + 1), layer_losses.numpy(), "o", color="#c44e52", markersize=5,
               label="constructed transformer")
     left.set_yscale("log")
+    readable_log_axis(left.yaxis)
     left.set_xlabel("GD steps = transformer layers")
     left.set_ylabel("loss $\\frac{1}{2}E[(\\hat y - y_t)^2]$")
-    left.set_title(f"eta={eta:g}, n={n}, d={d}, sigma={sigma:g}")
+    left.set_title(f"$\\eta$ = {eta:g}, $n$ = {n}, $d$ = {d}, $\\sigma$ = {sigma:g}")
     left.legend()
     gd_predictions = (iterates[:200, -1] * batch.x_t[:200]).sum(-1)
     right.scatter(gd_predictions.numpy(), output.prediction[:200].numpy(), s=8, color="#c44e52")
@@ -183,12 +195,12 @@ def show_one_step_loss(n: int = 20, d: int = 10, sigma: float = 1.0, train_steps
     learned = -n * model.layers[0].diagonal_weights()["w_yx"].item()
     figure, ax = plt.subplots(figsize=(6.4, 3.6))
     ax.plot(etas.numpy(), losses, color="#4c72b0", label="closed form $\\frac{d}{2}(1 - 2cn + c^2 n(n+d+1+\\sigma^2))$")
-    ax.axvline(best, color="#4c72b0", linestyle="--", label=f"optimum eta* = {best:.3f}")
+    ax.axvline(best, color="#4c72b0", linestyle="--", label=f"optimum $\\eta^*$ = {best:.3f}")
     ax.plot([learned], [theory.one_step_loss(d, n, sigma, learned / n)], "o", color="#c44e52", markersize=8,
-            label=f"trained layer: eta = {learned:.3f}")
+            label=f"trained layer: $\\eta$ = {learned:.3f}")
     ax.set_xlabel("step size $\\eta$ (prediction $\\frac{\\eta}{n}\\langle \\alpha, x_t \\rangle$)")
     ax.set_ylabel("loss $\\frac{1}{2}E[(\\hat y - y_t)^2]$")
-    ax.set_title(f"n={n}, d={d}, sigma={sigma:g}")
+    ax.set_title(f"$n$ = {n}, $d$ = {d}, $\\sigma$ = {sigma:g}")
     ax.set_ylim(0, max(losses[0], losses[-1]) * 1.05)
     ax.legend(fontsize=8)
     figure.tight_layout()
@@ -217,7 +229,7 @@ def show_gdpp_spectrum(kappa: float = 100.0, gamma_scale: float = 1.0, num_layer
     axes[0].set_xlabel("eigenvalue $\\lambda$ of $\\Sigma$")
     axes[0].set_ylabel("$\\lambda(1 - \\gamma\\lambda)^2$")
     best = theory.gdpp_best_one_layer_scale(float(kappa)) / 3
-    axes[0].set_title(f"one layer: $\\gamma\\lambda_{{max}}$ = {gamma_scale / 3:.2f} (best for one: {best:.2f})",
+    axes[0].set_title(f"one layer: $\\gamma\\lambda_{{\\max}}$ = {gamma_scale / 3:.2f} (best for one: {best:.2f})",
                       fontsize=10)
     axes[0].legend(fontsize=8)
     for layer, values in enumerate(spectra):
@@ -229,7 +241,7 @@ def show_gdpp_spectrum(kappa: float = 100.0, gamma_scale: float = 1.0, num_layer
     axes[2].semilogy(range(num_layers + 1), conditions - 1, "o-", color=COLORS["GD++"])
     axes[2].set_xlabel("layer $l$")
     axes[2].set_ylabel("condition number $-$ 1")
-    axes[2].set_title(f"kappa = {kappa:g}")
+    axes[2].set_title(f"input condition number $\\kappa$ = {kappa:g}")
     figure.tight_layout()
     return figure
 

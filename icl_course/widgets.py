@@ -4,6 +4,8 @@ a static, reproducible picture (the figure functions are re-exported here for th
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 
 from . import plots
@@ -15,15 +17,32 @@ __all__ = ["explorer", "show_task_fits", "task_explorer", "show_gd_and_transform
 
 
 def explorer(show, **controls):
-    """An ``ipywidgets.interactive`` that redraws ``show(**values)`` whenever a control moves (the
-    ``controls`` are ipywidgets' abbreviations: a tuple for a slider, a list for a drop-down)."""
+    """An ``ipywidgets.interactive`` that redraws ``show(**values)`` whenever a control settles on a
+    new value (the ``controls`` are widgets or ipywidgets' abbreviations: a tuple for a slider, a list
+    for a drop-down).
+
+    A slider sends its value when it is released (or moved by a key), a text box when Enter is pressed
+    or it loses focus: a figure redrawn on every step of a drag or every key typed falls behind the
+    hand and shows half-drawn states.  The labels get one width, so that the sliders line up."""
     import ipywidgets as widgets
 
     def draw(**values):
         show(**values)
         plt.show()
 
-    return widgets.interactive(draw, **controls)
+    interactive = widgets.interactive(draw, **controls)
+    for control in interactive.kwargs_widgets:
+        if hasattr(control, "continuous_update"):
+            control.continuous_update = False
+        if hasattr(control, "style") and hasattr(control.style, "description_width"):
+            control.style.description_width = _LABEL_WIDTH
+            control.layout.width = _CONTROL_WIDTH   # the label's room comes on top of the slider's
+    return interactive
+
+
+# wide enough for the longest label below ("layer 1: w_xy (x 10^-4)" as typeset maths)
+_LABEL_WIDTH = "12em"
+_CONTROL_WIDTH = "34em"
 
 
 def task_explorer(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
@@ -32,10 +51,10 @@ def task_explorer(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
 
     return explorer(
         show_task_fits,
-        n=widgets.IntSlider(value=n, min=1, max=60, description="n"),
-        d=widgets.IntSlider(value=d, min=1, max=12, description="d"),
-        sigma=widgets.FloatSlider(value=sigma, min=0.0, max=5.0, step=0.25, description="sigma"),
-        seed=widgets.IntSlider(value=seed, min=0, max=20, description="seed"),
+        n=widgets.IntSlider(value=n, min=1, max=60, description="examples $n$"),
+        d=widgets.IntSlider(value=d, min=1, max=12, description="dimension $d$"),
+        sigma=widgets.FloatSlider(value=sigma, min=0.0, max=5.0, step=0.25, description=r"label noise $\sigma$"),
+        seed=widgets.IntSlider(value=seed, min=0, max=20, description="random seed"),
     )
 
 
@@ -45,10 +64,10 @@ def gd_explorer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0):
 
     return explorer(
         show_gd_and_transformer,
-        eta=widgets.FloatSlider(value=eta, min=0.05, max=2.5, step=0.05, description="eta"),
-        n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
-        d=widgets.IntSlider(value=d, min=1, max=20, description="d"),
-        sigma=widgets.FloatSlider(value=sigma, min=0.0, max=3.0, step=0.25, description="sigma"),
+        eta=widgets.FloatSlider(value=eta, min=0.05, max=2.5, step=0.05, description=r"step size $\eta$"),
+        n=widgets.IntSlider(value=n, min=2, max=80, description="examples $n$"),
+        d=widgets.IntSlider(value=d, min=1, max=20, description="dimension $d$"),
+        sigma=widgets.FloatSlider(value=sigma, min=0.0, max=3.0, step=0.25, description=r"label noise $\sigma$"),
     )
 
 
@@ -58,9 +77,9 @@ def step_size_explorer(n: int = 20, d: int = 10, sigma: float = 1.0):
 
     return explorer(
         show_one_step_loss,
-        n=widgets.IntSlider(value=n, min=2, max=80, description="n"),
-        d=widgets.IntSlider(value=d, min=1, max=20, description="d"),
-        sigma=widgets.FloatSlider(value=sigma, min=0.0, max=5.0, step=0.25, description="sigma"),
+        n=widgets.IntSlider(value=n, min=2, max=80, description="examples $n$"),
+        d=widgets.IntSlider(value=d, min=1, max=20, description="dimension $d$"),
+        sigma=widgets.FloatSlider(value=sigma, min=0.0, max=5.0, step=0.25, description=r"label noise $\sigma$"),
     )
 
 
@@ -71,9 +90,11 @@ def gdpp_explorer(kappa: float = 100.0, gamma_scale: float = 1.0, num_layers: in
 
     return explorer(
         show_gdpp_spectrum,
-        kappa=widgets.FloatLogSlider(value=kappa, base=10, min=0.5, max=6, step=0.25, description="kappa"),
-        gamma_scale=widgets.FloatSlider(value=gamma_scale, min=0.1, max=3.0, step=0.1, description="gamma x 3 l_max"),
-        num_layers=widgets.IntSlider(value=num_layers, min=1, max=15, description="layers"),
+        kappa=widgets.FloatLogSlider(value=kappa, base=10, min=0.5, max=6, step=0.25,
+                                     description=r"condition number $\kappa$"),
+        gamma_scale=widgets.FloatSlider(value=gamma_scale, min=0.1, max=3.0, step=0.1,
+                                        description=r"$\gamma$ (units of $1/(3\lambda_{\max})$)"),
+        num_layers=widgets.IntSlider(value=num_layers, min=1, max=15, description="layers $L$"),
         d=widgets.fixed(20),
     )
 
@@ -81,6 +102,7 @@ def gdpp_explorer(kappa: float = 100.0, gamma_scale: float = 1.0, num_layers: in
 # The four weights differ by orders of magnitude (Sigma and alpha are sums over n tokens, lambda a sum
 # of squares), so each slider moves its weight in a unit of its own, named in its label.
 _DIAG_UNITS = {"w_xx": 1e-2, "w_xy": 1e-4, "w_yx": 1e-2, "w_yy": 1e-4}
+_DIAG_TEX = {name: f"w_{{{name[2:]}}}" for name in _DIAG_UNITS}
 
 
 def diag_explorer(layer_1: dict | None = None, layer_2: dict | None = None, sigma_max: float = 5.0):
@@ -106,9 +128,9 @@ def diag_explorer(layer_1: dict | None = None, layer_2: dict | None = None, sigm
         unit = _DIAG_UNITS[name]
         scaled = value / unit
         low, high = (-abs(scaled) * 3 - 1, 1.0) if scaled < 0 else (-1.0, abs(scaled) * 3 + 1)
+        scale = f"$\\times 10^{{{round(math.log10(unit))}}}$"
         return widgets.FloatSlider(value=round(scaled, 1), min=round(low, 1), max=round(high, 1), step=0.1,
-                                   description=f"{name}^{layer} x{unit:.0e}",
-                                   style={"description_width": "initial"})
+                                   description=f"layer {layer}: ${_DIAG_TEX[name]}$ ({scale})")
 
     moved = [(1, name) for name in _DIAG_UNITS] + [(2, "w_yx"), (2, "w_yy")]
     controls = {f"{name}_{layer}": slider(layer, name, float((layer_1, layer_2)[layer - 1].get(name, 0.0)))
@@ -120,7 +142,7 @@ def diag_explorer(layer_1: dict | None = None, layer_2: dict | None = None, sigm
         return show_diag_profile(weights[0], weights[1], sigma_max=sigma_max)
 
     return explorer(show, sigma_max=widgets.FloatSlider(value=sigma_max, min=0.5, max=7.0, step=0.5,
-                                                         description="sigma_max"), **controls)
+                                                         description=r"largest noise $\sigma_{\max}$"), **controls)
 
 
 # -- chapter 5 ------------------------------------------------------------------------------------

@@ -3,8 +3,16 @@
 The chapters, the notation card and the references are copied into a scratch source folder beside
 this configuration, the exercises page is written from the notebooks in ``exercises/`` (answer keys
 are never published), and Sphinx renders it all.  Nothing is executed and nothing is downloaded.
+
+``python site/build.py --serve`` (``make serve-site``) builds and then serves the site on
+http://127.0.0.1:8000 until Ctrl-C.  The pages also read from files, but under ``file://`` a browser
+refuses the fetches with which the search page finds each hit's snippet; over a local server search
+shows them.
 """
 
+import argparse
+import functools
+import http.server
 import json
 import re
 import shutil
@@ -53,10 +61,25 @@ def exercises_page() -> str:
         "The answer keys are for instructors and are not part of this site.", ""])
 
 
-def main() -> int:
+def serve(port: int) -> None:
+    """Serve build/site on localhost only (nobody else on the network sees it) until Ctrl-C."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(OUTPUT))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+        print(f"serving the site at http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C stops it)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+
+
+def main(arguments: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve", action="store_true", help="after building, serve the site on localhost")
+    parser.add_argument("--port", type=int, default=8000, help="the port to serve on (default 8000; 0: any free one)")
+    options = parser.parse_args(arguments)
     shutil.rmtree(SOURCE, ignore_errors=True)
     (SOURCE / "chapters").mkdir(parents=True)
-    for name in ("conf.py", "index.md"):
+    for name in ("conf.py", "index.md", "favicon.svg"):
         shutil.copy(Path(__file__).parent / name, SOURCE / name)
     for notebook in sorted((ROOT / "chapters").glob("*.ipynb")):
         copy_chapter(notebook, SOURCE / "chapters" / notebook.name)
@@ -65,9 +88,14 @@ def main() -> int:
     (SOURCE / "exercises.md").write_text(exercises_page())
     command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", str(SOURCE), str(OUTPUT)]
     result = subprocess.run(command)
-    if result.returncode == 0:
-        print(f"the site is in {OUTPUT}; open {OUTPUT / 'index.html'} in a browser")
-    return result.returncode
+    if result.returncode != 0:
+        return result.returncode
+    if options.serve:
+        serve(options.port)
+    else:
+        print(f"the site is in {OUTPUT}; open {OUTPUT / 'index.html'} in a browser, or run "
+              "`make serve-site` for a local server (search shows its snippets only there)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -2,9 +2,8 @@
 their stored outputs (nothing is executed), in the book theme, with MathJax served from the
 build itself, so that the site builds and reads without a network."""
 
+import importlib.util
 from pathlib import Path
-
-import jupyter_server_mathjax
 
 import icl_course
 
@@ -23,6 +22,9 @@ suppress_warnings = ["mystnb.unknown_mime_type"]   # widget views: their static 
 
 html_theme = "sphinx_book_theme"
 html_title = "icl-course"
+html_favicon = "favicon.svg"               # the browser asks every site for one: a missing icon is a 404
+html_context = {"default_mode": "auto"}    # follow the reader's light or dark setting (the theme logs an
+                                           # error when no mode is set)
 html_theme_options = {
     "repository_url": "https://github.com/icl-course/icl-course",
     "repository_branch": "main",
@@ -31,12 +33,14 @@ html_theme_options = {
     "launch_buttons": {"colab_url": "https://colab.research.google.com"},
     "home_page_in_toc": True,
 }
-# MathJax 2.7 from the jupyter-server-mathjax package, copied into the site: no CDN
-html_static_path = [str(Path(jupyter_server_mathjax.__file__).parent / "static")]
-mathjax_path = "MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
-# the package ships the STIX-Web fonts of the HTML-CSS output, as Jupyter's classic notebook uses them
-mathjax2_config = {"tex2jax": {"inlineMath": [["$", "$"], ["\\(", "\\)"]], "processEscapes": True,
-                               "ignoreClass": "document", "processClass": "math|output_area"},
-                   "HTML-CSS": {"availableFonts": [], "preferredFont": None, "webFont": "STIX-Web",
-                                "imageFont": None}}
+# MathJax 3 from the sphinx-mathjax-offline package, copied whole into the site (_static/mathjax): no
+# CDN.  Its SVG output draws every glyph as a path, so it needs no font files (web fonts are refused to
+# pages opened from file://) and the maths sits on the text's baseline.
+_MATHJAX = importlib.util.find_spec("sphinx-mathjax-offline")
+if _MATHJAX is None:
+    raise ImportError("the site needs MathJax from the sphinx-mathjax-offline package: pip install -e '.[site]'")
+html_static_path = [str(Path(_MATHJAX.origin).parent / "static")]
+mathjax_path = "mathjax/tex-svg-full.js"
+mathjax3_config = {"tex": {"inlineMath": [["$", "$"], ["\\(", "\\)"]], "processEscapes": True},
+                   "svg": {"fontCache": "global"}}
 html_search_language = "en"

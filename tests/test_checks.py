@@ -67,7 +67,7 @@ MISTAKES = {
     "gdpp_layers": (lambda kappa, eps: theory.gdpp_layers_needed(kappa, eps) - 1, "are needed"),
     "best_cosine": (
         lambda X, target: (X[..., 0] * target).sum(-1).abs() / (X[..., 0].norm(dim=-1) * target.norm(dim=-1)),
-        "projection"),
+        r"columns' span with the target; the furthest task at \[\d+\]: expected [-\d.e]+, got [-\d.e]+"),
     "newton_iterates": (
         lambda S, num_steps: torch.stack([torch.eye(S.shape[0], dtype=S.dtype) / torch.trace(S)] * (num_steps + 1)),
         "start from"),
@@ -127,6 +127,26 @@ def test_a_failed_self_check_shows_its_message_without_a_traceback():
     assert "merged_form: " in shown and "Traceback" not in shown and "File " not in shown
 
 
+def test_a_failure_box_wraps_its_message_between_words():
+    """JupyterLab breaks a long output line anywhere, mid-word; the self-check's lines are short enough
+    not to be broken, and wrapped at spaces, so every word of the message stays whole."""
+    message = "noise_estimate: " + " ".join(["the estimate divides the residuals by something else"] * 6)
+    lines = checks.SelfCheckFailed(message)._render_traceback_()
+    plain = [re.sub(r"\x1b\[[\d;]*m", "", line) for line in lines]
+    assert len(plain) > 1 and all(len(line) <= protocol._WRAP for line in plain)
+    assert " ".join(plain) == f"Self-check failed: {message}"   # joined at the breaks, not a word split
+
+
+def test_mismatch_names_the_furthest_entry_with_expected_and_got():
+    expected = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    got = expected.clone()
+    got[1, 0] = 3.5
+    assert checks.mismatch(got, expected) == " at [1, 0]: expected 3, got 3.5"
+    got[0, 1] = float("nan")   # a NaN is the furthest of all
+    assert checks.mismatch(got, expected) == " at [0, 1]: expected 2, got nan"
+    assert checks.mismatch(torch.tensor(1.5), torch.tensor(1.0)) == ": expected 1, got 1.5"
+
+
 def test_every_task_has_hints_that_open_one_at_a_time(capsys):
     from icl_course.hints import HINTS
     assert set(HINTS) == set(checks.CHECKS), "every graded task needs hints, and every hint a task"
@@ -136,10 +156,14 @@ def test_every_task_has_hints_that_open_one_at_a_time(capsys):
     checks.hint("gdpp_layers")
     first = capsys.readouterr().out
     assert "hint 1 of 3" in first and "hint 2" not in first and "again for the next" in first
-    for _ in range(5):   # past the last one, the last is repeated, never an error
+    checks.hint("gdpp_layers")
+    checks.hint("gdpp_layers")
+    third = capsys.readouterr().out.split("hint 1 of 3")[-1]
+    assert "hint 3 of 3" in third and "that was the last hint" in third and "no more hints" not in third
+    for _ in range(3):   # past the last one, all are shown again with a plain "no more", never an error
         checks.hint("gdpp_layers")
     last = capsys.readouterr().out.split("hint 1 of 3")[-1]
-    assert "hint 3 of 3" in last and "again for the next" not in last
+    assert "hint 3 of 3" in last and "again for the next" not in last and "no more hints" in last
     with pytest.raises(KeyError, match="no check named"):
         checks.hint("gdpp")
 

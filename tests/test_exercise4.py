@@ -179,10 +179,11 @@ def _weights(n, sigma_1, sigma_2, sign=1):
 
 
 MISTAKES = [
-    ("noise_estimate", lambda X, y: _residual_sum(X, y) / X.shape[1], "divides by n - d"),
+    ("noise_estimate", lambda X, y: _residual_sum(X, y) / X.shape[1], "degrees of freedom"),
     ("noise_estimate", lambda X, y: (_residual_sum(X, y) / (X.shape[1] - X.shape[2])).sqrt(), "standard deviation"),
-    ("noise_estimate", lambda X, y: (_residual_sum(X, y) / X.shape[1]).sqrt(), "divide by n - d, not n"),
-    ("noise_estimate", lambda X, y: (y**2).sum(-1) / (X.shape[1] - X.shape[2]), "least-squares fit"),
+    ("noise_estimate", lambda X, y: (_residual_sum(X, y) / X.shape[1]).sqrt(), "averaged over all n"),
+    ("noise_estimate", lambda X, y: (y**2).sum(-1) / (X.shape[1] - X.shape[2]),
+     r"least-squares residuals; the furthest task at \[\d\]: expected [-\d.e]+, got [-\d.e]+"),
     ("adjusted_loss_per_task",
      lambda w_hat, X, y, w, sigma: torch.sub(*_oracle_gap(w_hat, X, y, w, sigma, sigma**2)), "twice"),
     ("adjusted_loss_per_task",
@@ -202,7 +203,7 @@ MISTAKES = [
     ("two_noise_weights", lambda n, sigma_1, sigma_2: _weights(n, sigma_1**0.5, sigma_2**0.5),
      "variances sigma\\^2, not sigma"),
     ("two_noise_weights", lambda n, sigma_1, sigma_2: _weights(n, sigma_1, sigma_2)[::-1], "order \\(w_yx, w_yy\\)"),
-    ("two_noise_weights", lambda n, sigma_1, sigma_2: (-1.0, 0.0), "does not solve"),
+    ("two_noise_weights", lambda n, sigma_1, sigma_2: (-1.0, 0.0), r"does not solve.*; expected \(-"),
     ("noise_posterior", lambda X, y, levels: _posterior_variant(X, y, levels, log_determinant=False),
      "log-determinant term is missing"),
     ("noise_posterior", lambda X, y, levels: _posterior_variant(X, y, levels, squared=False), "sigma_k\\^2 I"),

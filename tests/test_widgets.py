@@ -41,3 +41,18 @@ def test_explorers_offer_sliders(explorer):
     controls = [child for child in widget.children if isinstance(child, ipywidgets.ValueWidget)]
     assert len(controls) >= 3
     plt.close("all")
+
+
+@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer, gdpp_explorer, diag_explorer])
+def test_explorers_redraw_when_a_value_settles_and_label_their_sliders_in_words_or_maths(explorer):
+    import re
+    widget = explorer()
+    controls = [control for control in widget.kwargs_widgets if hasattr(control, "continuous_update")]
+    assert controls and not any(control.continuous_update for control in controls)
+    for control in controls:
+        # outside $...$ (typeset by JupyterLab) no code: no w_xx, sigma_max, x1e-02
+        words = re.sub(r"\$[^$]*\$", "", control.description)
+        assert control.description.count("$") % 2 == 0, control.description
+        assert not re.search(r"[_^]|\de-?\d|\b(sigma|eta|kappa|gamma|lambda)\b", words), control.description
+    assert len({control.style.description_width for control in controls}) == 1, "the sliders line up"
+    plt.close("all")

@@ -21,6 +21,7 @@ from .checking import (
     expect_tensor,
     fail,
     generator_from,
+    mismatch,
     normal,
     plural,
 )
@@ -44,8 +45,8 @@ def _verify_merged_form(case: Case, output) -> None:
     with torch.no_grad():
         merged_head = LinearSelfAttention.from_matrices(P, Q)(tokens)
     if not close(merged_head, four_matrix_head):
-        fail(f"for D={D}: the head with your (P, Q) moves tokens differently from the four-matrix head "
-             "(P should collect W_P and W_V, Q the key-query product)")
+        fail(f"for D={D}: the head with your (P, Q) moves tokens differently from the four-matrix head; the "
+             f"furthest entry [task, token, coordinate]{mismatch(merged_head, four_matrix_head)}")
 
 
 def _linear_attention_case(B: int, n: int, D: int, generator: torch.Generator) -> Case:
@@ -62,7 +63,8 @@ def _verify_linear_attention(case: Case, output) -> None:
     reads_query = tokens + tokens @ (P @ tokens.transpose(1, 2) @ tokens @ Q).transpose(1, 2)
     if close(result, reads_query):
         fail(f"for {case.label}: j must run over the n context tokens only, not the query")
-    fail(f"for {case.label}: the layer does not follow e_i + sum_j (e_j^T Q e_i) P e_j")
+    fail(f"for {case.label}: the layer does not follow e_i + sum_j (e_j^T Q e_i) P e_j; the furthest entry "
+         f"[task, token, coordinate]{mismatch(result, expected)}")
 
 
 def _gd_matrices_case(d: int, n: int, eta: float, seed: int) -> Case:
@@ -82,10 +84,12 @@ def _verify_gd_matrices(case: Case, output) -> None:
         if close(after[:, -1, -1], gd_prediction):   # diagnose only what is wrong
             fail(f"for d={d}, n={n}, eta={eta:g}: the sign is flipped: the query's last coordinate must become "
                  "-<w_1, x_t> (the prediction is minus it), so P's corner is -eta/n, not +eta/n")
-        fail(f"for d={d}, n={n}, eta={eta:g}: the query's prediction is not that of one GD step")
+        fail(f"for d={d}, n={n}, eta={eta:g}: the query's prediction is not that of one GD step; the furthest "
+             f"of 16 tasks{mismatch(-after[:, -1, -1], gd_prediction)}")
     residuals = batch.y - torch.einsum("bnd,bd->bn", batch.X, w_1)
     if not close(after[:, :-1, -1], residuals):
-        fail(f"for d={d}, n={n}, eta={eta:g}: the context labels should become the residuals y_i - <w_1, x_i>")
+        fail(f"for d={d}, n={n}, eta={eta:g}: the context labels should become the residuals y_i - <w_1, x_i>; "
+             f"the furthest [task, token]{mismatch(after[:, :-1, -1], residuals)}")
 
 
 def _layers_case(d: int, n: int, eta: float, num_layers: int, seed: int) -> Case:
@@ -104,7 +108,8 @@ def _verify_transformer_prediction(case: Case, output) -> None:
         if close(prediction, -expected):   # diagnose only what is wrong
             fail(f"the sign is flipped ({case.label}): the prediction is minus the query's last coordinate, "
                  f"y_hat = -e_t[-1], after the {layers}")
-        fail(f"with the GD weights, {layers} should give the prediction of {steps} ({case.label})")
+        fail(f"with the GD weights, {layers} should give the prediction of {steps} ({case.label}); the "
+             f"furthest task{mismatch(prediction, expected)}")
 
 
 def _best_step_size_reference(d: int, n: int, num_tasks: int, seed: int) -> float:

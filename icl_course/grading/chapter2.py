@@ -22,6 +22,7 @@ from .checking import (
     expect_tensor,
     fail,
     generator_from,
+    mismatch,
     normal,
 )
 
@@ -106,8 +107,8 @@ def _verify_bilinear_B(case: Case, output) -> None:
     if close(B, expected.T):
         fail(f"for d={d}: B is transposed: <B alpha, x_t> = alpha^T B^T x_t, so check which index of Q_xx meets "
              "alpha and which meets x_t")
-    fail(f"for d={d}: B is wrong; the terms in alpha are p_y alpha^T Q_xx x_t and (p_x^T alpha)(q_yx^T x_t), "
-         "inside y_hat = -(...)")
+    fail(f"for d={d}: B is wrong; the furthest entry{mismatch(B, expected)} (collect every term of y_hat that "
+         "contains alpha)")
 
 
 def _preconditioner_case(d: int, n: int, second_moment: float, generator: torch.Generator) -> Case:

@@ -20,6 +20,7 @@ from .checking import (
     expect_tensor,
     fail,
     generator_from,
+    mismatch,
     normal,
 )
 
@@ -45,7 +46,8 @@ def _verify_implicit_step(case: Case, output) -> None:
         if misprint is not None and close(got, misprint, 1e-10):
             fail(f"for {case.label}: M has the paper's misprinted + b w^T (+ t_xy w^T here); expand "
                  "(I + T_xx)(M x + y u) + t_xy (a y - <w, x>)")
-        fail(f"for {case.label}: the new {name} is wrong (update all four from the old values)")
+        fail(f"for {case.label}: the new {name} is wrong (update all four from the old values); its furthest "
+             f"entry{mismatch(got, reference)}")
 
 
 def _verify_gdpp_layers(case: Case, output) -> None:
@@ -66,7 +68,8 @@ def _verify_best_cosine(case: Case, output) -> None:
     cosine = expect_tensor(output, (X.shape[0],), "best_cosine (one cosine per task)")
     expected = theory.best_linear_cosine(X, target)
     if not close(cosine, expected, 1e-8):
-        fail(f"for {case.label}: the best cosine is ||projection of target on the columns of X|| / ||target||")
+        fail(f"for {case.label}: not the best cosine of a vector of the columns' span with the target; the "
+             f"furthest task{mismatch(cosine, expected)}")
 
 
 def _newton_case(d: int, num_steps: int, generator: torch.Generator) -> Case:
@@ -84,7 +87,8 @@ def _verify_newton_iterates(case: Case, output) -> None:
     if not close(iterates[0], expected[0], 1e-10):
         fail(f"for d={d}: start from M_0 = I / lambda_max(S)")
     if not close(iterates, expected, 1e-8):
-        fail(f"for d={d}, num_steps={num_steps}: the iterates differ from M <- M (2I - S M)")
+        fail(f"for d={d}, num_steps={num_steps}: the iterates differ from M <- M (2I - S M); the furthest entry "
+             f"[step, row, column]{mismatch(iterates, expected)}")
 
 
 def chapter_3_checks() -> list[Check]:

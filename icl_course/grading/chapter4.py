@@ -18,7 +18,18 @@ import torch
 
 from ..baselines import noise_variance_estimate, ridge
 from ..theory import two_noise_construction
-from .checking import Case, Check, close, expect_number, expect_pair, expect_tensor, fail, generator_from, normal
+from .checking import (
+    Case,
+    Check,
+    close,
+    expect_number,
+    expect_pair,
+    expect_tensor,
+    fail,
+    generator_from,
+    mismatch,
+    normal,
+)
 
 __all__ = ["chapter_4_checks", "reference_diag_layer", "reference_noise_posterior"]
 
@@ -51,16 +62,16 @@ def _verify_noise_estimate(case: Case, output) -> None:
     if close(estimate, expected, 1e-6):
         return
     if close(estimate, expected * (n - d) / n, 1e-6):
-        fail(f"for {case.label}: you divide by n; the unbiased estimate divides by n - d (fitting w_ols "
-             "uses up d of the n degrees of freedom of the residuals)")
+        fail(f"for {case.label}: your estimates are (n - d) / n = {(n - d) / n:.3g} times the unbiased ones, "
+             "too small: the least-squares fit has used up some of the residuals' degrees of freedom")
     if close(estimate, expected.sqrt(), 1e-6):
         fail(f"for {case.label}: that is the standard deviation sigma_est; return the variance sigma_est^2 "
              "(no square root)")
     if close(estimate, (expected * (n - d) / n).sqrt(), 1e-6):
-        fail(f"for {case.label}: that is the square root of the residuals' mean square; return the variance, "
-             "and divide by n - d, not n")
-    fail(f"for {case.label}: the estimate is sum_j (y_j - <w_ols, x_j>)^2 / (n - d) with w_ols the least-squares "
-         "fit of each task")
+        fail(f"for {case.label}: that is the square root of the residuals' mean square: a standard deviation, "
+             "not a variance, and averaged over all n residuals")
+    fail(f"for {case.label}: not the unbiased variance of each task's least-squares residuals; the furthest "
+         f"task{mismatch(estimate, expected)}")
 
 
 # -- task 2: the adjusted loss per task ----------------------------------------------------------
@@ -94,8 +105,8 @@ def _verify_adjusted_loss(case: Case, output) -> None:
         fail(f"for {case.label}: the oracle's ridge_lambda is the noise variance sigma^2, not sigma")
     if close(loss, _half_error(w_hat, w), 1e-8):
         fail(f"for {case.label}: that is the learner's loss alone; subtract the oracle ridge's loss")
-    fail(f"for {case.label}: expected 1/2 ||w_hat - w||^2 - 1/2 ||w_oracle - w||^2 per task, with "
-         "w_oracle = (Sigma + sigma^2 I)^-1 alpha, Sigma = X^T X and alpha = X^T y")
+    fail(f"for {case.label}: not the learner's half squared error minus the oracle ridge's; the furthest "
+         f"task{mismatch(loss, expected)}")
 
 
 # -- task 3: one diag layer ----------------------------------------------------------------------
@@ -161,8 +172,8 @@ def _verify_diag_layer(case: Case, output) -> None:
              "(lambda = sum_i y_i^2 over the context)")
     if close(y_part, expected[..., -1], 1e-9):
         fail(f"{where}: the labels are right but the inputs are not: x <- x + w_xx Sigma x + w_xy y alpha")
-    fail(f"{where}: every token (the query too) moves by x <- x + w_xx Sigma x + w_xy y alpha and "
-         "y <- y + w_yx <alpha, x> + w_yy lambda y, with sums over the context tokens")
+    fail(f"{where}: the new tokens are wrong in both their inputs and their labels; the furthest entry "
+         f"[task, token, coordinate]{mismatch(new, expected)}")
 
 
 # -- task 4: Theorem 5.2's two-noise construction ------------------------------------------------
@@ -195,7 +206,7 @@ def _verify_two_noise(case: Case, output) -> None:
     missed = [f"sigma = {sigma:g}" for sigma in (sigma_1, sigma_2)
               if not _near(-(1 + n * sigma**2 * w_yy) * w_yx, 1 / (1 + sigma**2))]
     fail(f"{where}: ({w_yx:.6g}, {w_yy:.6g}) does not solve -(1 + n sigma^2 w_yy) w_yx = 1 / (1 + sigma^2) at "
-         + " and ".join(missed or ["both levels"]) + " (two linear equations in w_yx and m = w_yy w_yx)")
+         + " and ".join(missed or ["both levels"]) + f"; expected ({expected_yx:.6g}, {expected_yy:.6g})")
 
 
 # -- task 5: the posterior over noise levels -----------------------------------------------------
@@ -243,8 +254,8 @@ def _verify_noise_posterior(case: Case, output) -> None:
              "+ const, and det C depends on sigma_k")
     if close(posterior, reference_noise_posterior(X, y, levels, squared=False), 1e-7):
         fail(f"{where}: the covariance is X X^T + sigma_k^2 I (the noise variance), not X X^T + sigma_k I")
-    fail(f"{where}: p(sigma_k | X, y) is proportional to N(y; 0, X X^T + sigma_k^2 I_n) (the prior is uniform "
-         "over the levels)")
+    fail(f"{where}: not the posterior p(sigma_k | X, y) under a uniform prior over the levels; the furthest "
+         f"entry [task, level]{mismatch(posterior, expected)}")
 
 
 # -- the catalogue -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import torch
 from ..data import TaskBatch
 from ..memformer import Memformer
 from ..optimizers import conjugate_gradient, momentum_descent
-from .checking import FLOAT64, Case, Check, close, describe, expect_tensor, fail, generator_from, normal
+from .checking import FLOAT64, Case, Check, close, describe, expect_tensor, fail, generator_from, mismatch, normal
 
 __all__ = ["chapter_5_checks", "reference_memformer_layer"]
 
@@ -39,7 +39,8 @@ def _verify_cg(case: Case, output) -> None:
         fail(f"for {case.label}: the first step is wrong; it is exact line search along -grad R(0) = X^T y / n")
     if not close(iterates, expected, 1e-7):
         fail(f"for {case.label}: the iterates differ from conjugate gradient on Sigma w = alpha "
-             "(Sigma = X^T X / n, alpha = X^T y / n), each task with its own coefficients")
+             "(Sigma = X^T X / n, alpha = X^T y / n), each task with its own coefficients; the furthest entry "
+             f"[task, step, coordinate]{mismatch(iterates, expected)}")
 
 
 # -- task 2: one Memformer layer with its register ---------------------------------------------
@@ -87,9 +88,11 @@ def _verify_layer(case: Case, output) -> None:
         if close(new_register, plain, 1e-9):
             fail(f"for {case.label}: the new register forgets the old one (add gamma * register)")
         fail(f"for {case.label}: the new register must be Attn(Z) + gamma * register, with "
-             "Attn(Z) = P Z M Z^T Q Z / n (the mask keeps the query column out of Z M Z^T)")
+             "Attn(Z) = P Z M Z^T Q Z / n (the mask keeps the query column out of Z M Z^T); the furthest entry "
+             f"[task, row, column]{mismatch(new_register, expected_register)}")
     if not close(new_Z, expected_Z, 1e-9):
-        fail(f"for {case.label}: the new Z must be Z + alpha * (the new register)")
+        fail(f"for {case.label}: the new Z must be Z + alpha * (the new register); the furthest entry "
+             f"[task, row, column]{mismatch(new_Z, expected_Z)}")
 
 
 # -- task 3: momentum as a Memformer -----------------------------------------------------------
@@ -111,8 +114,8 @@ def _verify_momentum(case: Case, output) -> None:
         if close(got, naive, 1e-6):
             fail(f"for {case.label}: gamma_l = mu_l holds only while the step size stays the same; here eta "
                  "changes from layer to layer")
-        fail(f"for {case.label}: the layers do not follow w + eta_l(-grad) + mu_l (w - w_prev); "
-             "write w_{l+1} - w_l = alpha_l R_l and solve for gamma_l")
+        fail(f"for {case.label}: the layers do not follow w + eta_l(-grad) + mu_l (w - w_prev); the furthest "
+             f"entry [task, layer, coordinate]{mismatch(got, expected)}")
 
 
 def _momentum_case(eta, mu, generator: torch.Generator) -> Case:

@@ -19,10 +19,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy
 import torch
 
 __all__ = ["Case", "Check", "CheckFailed", "FLOAT64", "fail", "expect_tensor", "expect_number", "expect_pair",
-           "describe", "close", "plural", "generator_from", "normal"]
+           "describe", "close", "mismatch", "plural", "generator_from", "normal"]
 
 FLOAT64 = dict(dtype=torch.float64, device="cpu")
 
@@ -135,6 +136,14 @@ def close(got: torch.Tensor, expected: torch.Tensor, tolerance: float = 1e-7) ->
     if not (torch.isfinite(got).all() and torch.isfinite(expected).all()):
         return False
     return bool((got - expected).abs().max() <= tolerance * (1 + expected.abs().max()))
+
+
+def mismatch(got: torch.Tensor, expected: torch.Tensor) -> str:
+    """Where ``got`` is furthest from ``expected``, for a message: ``at [1, 3]: expected 0.25, got 0.5``."""
+    error = (got - expected).abs().nan_to_num(nan=math.inf)
+    index = tuple(int(i) for i in numpy.unravel_index(int(error.argmax()), tuple(error.shape)))
+    where = f" at [{', '.join(map(str, index))}]" if index else ""
+    return f"{where}: expected {expected[index].item():.6g}, got {got[index].item():.6g}"
 
 
 def generator_from(rng: random.Random) -> torch.Generator:

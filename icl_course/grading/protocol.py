@@ -37,6 +37,7 @@ import numbers
 import os
 import random
 import re
+import textwrap
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,14 @@ class SelfCheckFailed(AssertionError):
     """
 
     def _render_traceback_(self) -> list[str]:
-        return [f"\x1b[1;31mSelf-check failed\x1b[0m: {self}"]
+        # Lines wrapped here, at spaces: JupyterLab's output CSS (word-break: break-all) would otherwise
+        # break a long line in the middle of a word ("d / ivides").
+        lines = textwrap.wrap(f"Self-check failed: {self}", width=_WRAP, break_long_words=False,
+                              break_on_hyphens=False)
+        return [lines[0].replace("Self-check failed", "\x1b[1;31mSelf-check failed\x1b[0m", 1), *lines[1:]]
+
+
+_WRAP = 72   # columns: fits the output area of a notebook in a window of 600 pixels and more
 
 
 # -- the three places a check runs ------------------------------------------------------------
@@ -139,19 +147,25 @@ def hint(name: str) -> None:
     """Print the next hint of the task ``name`` (the first call the first hint, and so on).
 
     The first hint points the way; the last one nearly gives the answer.  ``checks.hint(name)``
-    after the last one repeats it.
+    after the last one shows them all again and says that there are no more.
     """
     find(name)
     hints = HINTS.get(name, ())
     if not hints:
         print(f"{name}: this task has no hints")
         return
-    shown = min(_HINTS_SHOWN.get(name, 0) + 1, len(hints))
+    before = _HINTS_SHOWN.get(name, 0)
+    shown = min(before + 1, len(hints))
     _HINTS_SHOWN[name] = shown
     for number in range(1, shown + 1):
         print(f"hint {number} of {len(hints)}: {hints[number - 1]}")
     if shown < len(hints):
         print(f"(call checks.hint({name!r}) again for the next)")
+    elif before >= len(hints):
+        print(f"(no more hints: all {len(hints)} are shown above. Compare your function with the last one "
+              "line by line on the self-check's example, or ask your instructor.)")
+    else:
+        print("(that was the last hint for this task)")
 
 
 @dataclass
