@@ -141,10 +141,10 @@ def test_mismatch_names_the_furthest_entry_with_expected_and_got():
     expected = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     got = expected.clone()
     got[1, 0] = 3.5
-    assert checks.mismatch(got, expected) == " at [1, 0]: expected 3, got 3.5"
+    assert checking.mismatch(got, expected) == " at [1, 0]: expected 3, got 3.5"
     got[0, 1] = float("nan")   # a NaN is the furthest of all
-    assert checks.mismatch(got, expected) == " at [0, 1]: expected 2, got nan"
-    assert checks.mismatch(torch.tensor(1.5), torch.tensor(1.0)) == ": expected 1, got 1.5"
+    assert checking.mismatch(got, expected) == " at [0, 1]: expected 2, got nan"
+    assert checking.mismatch(torch.tensor(1.5), torch.tensor(1.0)) == ": expected 1, got 1.5"
 
 
 def test_every_task_has_hints_that_open_one_at_a_time(capsys):
