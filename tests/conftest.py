@@ -23,11 +23,11 @@ def answer_key_functions(paths) -> dict:
 
 def verify_on_grading_inputs(name: str, function, seed: int) -> None:
     """Run ``function`` on the check's examples and on fresh cases drawn from ``seed``; raise if one is wrong."""
-    from icl_course import checks
+    from icl_course.grading import protocol, registry
 
-    check = checks.CHECKS[name]
+    check = registry.CHECKS[name]
     for case in check.grading_cases(seed):
-        check.verify(case, checks.portable(function(**case.arguments)))
+        check.verify(case, protocol.portable(function(**case.arguments)))
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, answer_key_functions, verify_on_grading_inputs
 
 from icl_course import checks, theory
-from icl_course.grading import checking, protocol
+from icl_course.grading import checking, protocol, registry
 
 
 @pytest.fixture(scope="module")
@@ -25,23 +25,23 @@ run = verify_on_grading_inputs
 
 
 def test_every_exercise_function_has_a_check(answers):
-    assert set(checks.CHECKS) <= set(answers)
+    assert set(registry.CHECKS) <= set(answers)
     tasks = set()
     for path in (ROOT / "solutions").glob("*.ipynb"):
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.metadata["nbgrader"].get("grade"):
                 tasks.add((int(path.name.split("_")[0]), int(cell.metadata["nbgrader"]["grade_id"][4:].split("_")[0])))
-    assert {(check.chapter, check.task) for check in checks.CHECKS.values()} == tasks
+    assert {(check.chapter, check.task) for check in registry.CHECKS.values()} == tasks
 
 
 @pytest.mark.parametrize("seed", [1, 7, 2024])
 def test_the_answer_keys_pass_on_fresh_grading_inputs(answers, seed):
-    for name in checks.CHECKS:
+    for name in registry.CHECKS:
         run(name, answers[name], seed)
 
 
 def test_grading_inputs_are_fresh_per_seed_and_reproducible():
-    check = checks.CHECKS["merged_form"]
+    check = registry.CHECKS["merged_form"]
     first, again, other = check.grading_cases(5), check.grading_cases(5), check.grading_cases(6)
     assert all(torch.equal(a.arguments["W_K"], b.arguments["W_K"]) for a, b in zip(first, again))
     assert first[1].arguments["W_K"].shape != other[1].arguments["W_K"].shape or \
@@ -78,14 +78,14 @@ def test_the_misprinted_sign_is_named(answers):
     def misprinted(M, u, a, w, mixing):
         new_M, new_u, new_a, new_w = answers["implicit_step"](M, u, a, w, mixing)
         return new_M + 2 * mixing[:, :-1, -1].unsqueeze(-1) * w.unsqueeze(-2), new_u, new_a, new_w
-    with pytest.raises(checks.CheckFailed, match="misprinted"):
+    with pytest.raises(checking.CheckFailed, match="misprinted"):
         run("implicit_step", misprinted, seed=0)
 
 
 @pytest.mark.parametrize("name", sorted(MISTAKES))
 def test_a_typical_mistake_fails_with_a_message(name):
     function, message = MISTAKES[name]
-    with pytest.raises(checks.CheckFailed, match=message):
+    with pytest.raises(checking.CheckFailed, match=message):
         run(name, function, seed=3)
 
 
@@ -94,20 +94,20 @@ def test_gd_matrices_with_the_wrong_sign_and_a_fake_monte_carlo_fail():
         P = torch.zeros(d + 1, d + 1, dtype=torch.float64)
         P[d, d] = eta / n
         return P, torch.eye(d + 1, dtype=torch.float64)
-    with pytest.raises(checks.CheckFailed, match="the sign is flipped"):
+    with pytest.raises(checking.CheckFailed, match="the sign is flipped"):
         run("gd_matrices", ascent, seed=0)
-    with pytest.raises(checks.CheckFailed, match="standard error"):
+    with pytest.raises(checking.CheckFailed, match="standard error"):
         run("fourth_moment_monte_carlo", lambda d, num_samples=200_000, seed=0: (float(d * (d + 2)), 0.01), seed=0)
 
 
 def test_outputs_of_the_wrong_kind_are_named():
-    with pytest.raises(checks.CheckFailed, match="Python float.*use .item"):
+    with pytest.raises(checking.CheckFailed, match="Python float.*use .item"):
         run("best_step_size", lambda d, n, num_tasks=20_000, seed=0: torch.tensor(0.5), seed=0)
-    with pytest.raises(checks.CheckFailed, match="must have shape"):
+    with pytest.raises(checking.CheckFailed, match="must have shape"):
         run("linear_attention", lambda tokens, P, Q: tokens[0], seed=0)
-    with pytest.raises(checks.CheckFailed, match="pair"):
+    with pytest.raises(checking.CheckFailed, match="pair"):
         run("merged_form", lambda W_K, W_Q, W_V, W_P: W_K, seed=0)
-    with pytest.raises(checks.CheckFailed, match="an object of type object"):
+    with pytest.raises(checking.CheckFailed, match="an object of type object"):
         run("bilinear_B", lambda P, Q: object(), seed=0)
 
 
@@ -149,7 +149,7 @@ def test_mismatch_names_the_furthest_entry_with_expected_and_got():
 
 def test_every_task_has_hints_that_open_one_at_a_time(capsys):
     from icl_course.hints import HINTS
-    assert set(HINTS) == set(checks.CHECKS), "every graded task needs hints, and every hint a task"
+    assert set(HINTS) == set(registry.CHECKS), "every graded task needs hints, and every hint a task"
     for name, hints in HINTS.items():
         assert len(hints) >= 3 and len(set(hints)) == len(hints), name
     protocol._HINTS_SHOWN.clear()
@@ -197,14 +197,14 @@ def test_self_checks_try_drawn_cases_beyond_the_fixed_examples():
         seen.append((d, n, second_moment))
         return 1 / (n + d + 1 + second_moment)
     checks.self_check("optimal_coefficient", spy)
-    examples = checks.CHECKS["optimal_coefficient"].examples()
+    examples = registry.CHECKS["optimal_coefficient"].examples()
     assert len(seen) > len(examples) and len(set(seen)) > len(examples)
 
 
 @pytest.fixture
 def grading(tmp_path, monkeypatch):
-    monkeypatch.setenv(checks.ANSWERS_VARIABLE, str(tmp_path))
-    checks.write_cases(list(checks.CHECKS), tmp_path, 11)
+    monkeypatch.setenv(protocol.ANSWERS_VARIABLE, str(tmp_path))
+    protocol.write_cases(list(registry.CHECKS), tmp_path, 11)
     return tmp_path
 
 
@@ -212,20 +212,21 @@ def test_record_then_verify_in_another_place(grading, answers):
     checks.record("one_step_loss", answers["one_step_loss"])
     checks.record("optimal_coefficient", lambda d, n, second_moment=0.0: 0.5)
     checks.record("bilinear_B", lambda P, Q: 1 / 0)
-    verdicts = checks.verify_recorded(["one_step_loss", "optimal_coefficient", "bilinear_B", "gd_matrices"],
+    verdicts = protocol.verify_recorded(["one_step_loss", "optimal_coefficient", "bilinear_B", "gd_matrices"],
                                       grading, 11)
     assert verdicts["one_step_loss"] == ""
     assert "c = 0.5" in verdicts["optimal_coefficient"]
     assert "raised ZeroDivisionError" in verdicts["bilinear_B"]
     assert "no outputs were recorded" in verdicts["gd_matrices"]
     # the same outputs checked against another seed's inputs fail: the seed must be the grader's
-    assert "optimal_coefficient" in checks.verify_recorded(["optimal_coefficient"], grading, 12)["optimal_coefficient"]
+    other_seed = protocol.verify_recorded(["optimal_coefficient"], grading, 12)
+    assert "optimal_coefficient" in other_seed["optimal_coefficient"]
 
 
 def test_under_grading_record_runs_on_the_graders_inputs_and_self_check_runs_nothing(grading, capsys):
     # inputs no seed gives: the kernel must use what the grader wrote, not draw its own
     torch.save([dict(d=2, n=3, second_moment=0.25), dict(d=4, n=5, second_moment=0.0)],
-               grading / checks.CASES_FOLDER / "optimal_coefficient.pt")
+               grading / protocol.CASES_FOLDER / "optimal_coefficient.pt")
     seen = []
 
     def spy(d, n, second_moment):
@@ -236,19 +237,19 @@ def test_under_grading_record_runs_on_the_graders_inputs_and_self_check_runs_not
     assert torch.load(grading / "optimal_coefficient.pt", weights_only=True) == [("output", 0.5)] * 2
     checks.self_check("optimal_coefficient", spy)   # its references may be withheld in a graded kernel
     assert len(seen) == 2 and "self-check not run while your work is graded" in capsys.readouterr().out
-    (grading / checks.CASES_FOLDER / "one_step_loss.pt").unlink()
+    (grading / protocol.CASES_FOLDER / "one_step_loss.pt").unlink()
     with pytest.raises(checks.SelfCheckFailed):       # a check the grader does not record runs as usual
         checks.self_check("one_step_loss", lambda **arguments: 0.5)
 
 
 def test_the_grader_writes_only_plain_arguments_and_no_seed(tmp_path, monkeypatch):
-    checks.write_cases(["gd_matrices", "transformer_prediction"], tmp_path, 5)
-    written = torch.load(tmp_path / checks.CASES_FOLDER / "transformer_prediction.pt", weights_only=True)
-    drawn = checks.CHECKS["transformer_prediction"].grading_cases(5)
+    protocol.write_cases(["gd_matrices", "transformer_prediction"], tmp_path, 5)
+    written = torch.load(tmp_path / protocol.CASES_FOLDER / "transformer_prediction.pt", weights_only=True)
+    drawn = registry.CHECKS["transformer_prediction"].grading_cases(5)
     assert len(written) == len(drawn) and all(torch.equal(case.arguments["tokens"], arguments["tokens"])
                                               for case, arguments in zip(drawn, written))
     assert [set(arguments) for arguments in written] == [set(case.arguments) for case in drawn]   # no context
-    monkeypatch.setenv(checks.ANSWERS_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(protocol.ANSWERS_VARIABLE, str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no grading inputs for 'best_step_size'"):
         checks.record("best_step_size", lambda **arguments: 0.5)
 
@@ -269,7 +270,7 @@ def test_a_forged_answers_file_is_refused_and_never_executed(grading, tmp_path):
     torch.save("not a list of entries", grading / "gd_matrices.pt")
     torch.save([("output", 1.0)] * 2, grading / "best_step_size.pt")
     (grading / "bilinear_B.pt").write_bytes(b"\x00" * (protocol.MAX_RECORD_BYTES + 1))
-    verdicts = checks.verify_recorded(["merged_form", "gd_matrices", "best_step_size", "bilinear_B"], grading, 11)
+    verdicts = protocol.verify_recorded(["merged_form", "gd_matrices", "best_step_size", "bilinear_B"], grading, 11)
     assert "could not be read safely" in verdicts["merged_form"] and not marker.exists()
     assert "not in the format" in verdicts["gd_matrices"]
     assert "2 outputs were recorded for 4 grading inputs" in verdicts["best_step_size"]
@@ -278,40 +279,40 @@ def test_a_forged_answers_file_is_refused_and_never_executed(grading, tmp_path):
 
 def test_portable_outputs_are_plain():
     parameter = torch.nn.Parameter(torch.ones(2))
-    assert type(checks.portable(parameter)) is torch.Tensor
-    assert checks.portable((1, 2.5, True)) == (1, 2.5, True)
-    assert checks.portable(math) == "<an object of type module>"
+    assert type(protocol.portable(parameter)) is torch.Tensor
+    assert protocol.portable((1, 2.5, True)) == (1, 2.5, True)
+    assert protocol.portable(math) == "<an object of type module>"
 
 
 def test_giveaways_are_found_in_code_not_in_the_answers_own_names():
     source = ("from icl_course.models import LinearSelfAttention as L\n"
               "def linear_attention(tokens, P, Q):\n    return L.from_matrices(P, Q)(tokens)\n")
     names = ("LinearSelfAttention", "from_matrices")
-    assert checks.giveaways_used(source, names) == ["LinearSelfAttention", "from_matrices"]
-    assert checks.giveaways_used("def one_step_loss(n, d):\n    return theory.one_step_loss(d, n)\n",
+    assert protocol.giveaways_used(source, names) == ["LinearSelfAttention", "from_matrices"]
+    assert protocol.giveaways_used("def one_step_loss(n, d):\n    return theory.one_step_loss(d, n)\n",
                                  ("theory", "one_step_loss")) == ["theory"]
-    assert checks.giveaways_used("def f(x):\n    return 2 * x\n", ("theory",)) == []
-    assert checks.giveaways_used("def f(:\n  theory", ("theory",)) == ["theory"]  # not Python: by word
-    assert checks.recorded_names('checks.record("a", a)\nchecks.record( \'b\', b)') == ["a", "b"]
+    assert protocol.giveaways_used("def f(x):\n    return 2 * x\n", ("theory",)) == []
+    assert protocol.giveaways_used("def f(:\n  theory", ("theory",)) == ["theory"]  # not Python: by word
+    assert protocol.recorded_names('checks.record("a", a)\nchecks.record( \'b\', b)') == ["a", "b"]
 
 
 def test_the_likely_mistakes_are_named(answers):
     def flipped_matrices(d, n, eta):
         P, Q = answers["gd_matrices"](d, n, eta)
         return -P, Q
-    with pytest.raises(checks.CheckFailed, match="the sign is flipped"):
+    with pytest.raises(checking.CheckFailed, match="the sign is flipped"):
         run("gd_matrices", flipped_matrices, seed=0)
 
     def flipped_prediction(tokens, P, Q, num_layers):
         return -answers["transformer_prediction"](tokens, P, Q, num_layers)
-    with pytest.raises(checks.CheckFailed, match="the sign is flipped"):
+    with pytest.raises(checking.CheckFailed, match="the sign is flipped"):
         run("transformer_prediction", flipped_prediction, seed=0)
 
     def other_prior(S, n, second_moment):
         return torch.linalg.inv(S) / (n + S.shape[0] + 1 + second_moment)
-    with pytest.raises(checks.CheckFailed, match="best B when w ~ N\\(0, S\\^-1\\)"):
+    with pytest.raises(checking.CheckFailed, match="best B when w ~ N\\(0, S\\^-1\\)"):
         run("optimal_preconditioner", other_prior, seed=0)
-    with pytest.raises(checks.CheckFailed, match="best B when w ~ N\\(0, S\\^-1\\)"):  # any multiple of S^-1
+    with pytest.raises(checking.CheckFailed, match="best B when w ~ N\\(0, S\\^-1\\)"):  # any multiple of S^-1
         run("optimal_preconditioner", lambda S, n, second_moment: torch.linalg.inv(S) / (n + 1), seed=0)
 
 
@@ -326,40 +327,40 @@ def test_the_likely_mistakes_are_named(answers):
      "the noise is missing"),
 ])
 def test_likely_mistakes_in_the_step_size_tasks_are_named(answers, name, mistake, message):
-    with pytest.raises(checks.CheckFailed, match=message):
+    with pytest.raises(checking.CheckFailed, match=message):
         run(name, mistake, seed=3)
 
 
 def test_a_line_search_over_c_instead_of_eta_is_named(answers):
     def coefficient(d, n, num_tasks=20_000, seed=0):
         return answers["best_step_size"](d, n, num_tasks, seed) / n
-    with pytest.raises(checks.CheckFailed, match="the coefficient c = eta / n"):
+    with pytest.raises(checking.CheckFailed, match="the coefficient c = eta / n"):
         run("best_step_size", coefficient, seed=3)
 
 
 def test_a_flipped_or_transposed_B_is_named(answers):
-    with pytest.raises(checks.CheckFailed, match="the sign is flipped"):
+    with pytest.raises(checking.CheckFailed, match="the sign is flipped"):
         run("bilinear_B", lambda P, Q: -answers["bilinear_B"](P, Q), seed=0)
-    with pytest.raises(checks.CheckFailed, match="B is transposed"):
+    with pytest.raises(checking.CheckFailed, match="B is transposed"):
         run("bilinear_B", lambda P, Q: answers["bilinear_B"](P, Q).T, seed=0)
 
 
 def test_messages_count_layers_in_good_english():
-    case = checks.CHECKS["transformer_prediction"].examples()[0]
+    case = registry.CHECKS["transformer_prediction"].examples()[0]
     assert case.arguments["num_layers"] == 1
-    with pytest.raises(checks.CheckFailed) as failure:
-        checks.CHECKS["transformer_prediction"].verify(case, torch.zeros(case.arguments["tokens"].shape[0],
+    with pytest.raises(checking.CheckFailed) as failure:
+        registry.CHECKS["transformer_prediction"].verify(case, torch.zeros(case.arguments["tokens"].shape[0],
                                                                          dtype=torch.float64))
     assert "1 layer should give the prediction of 1 GD step " in str(failure.value)
 
 
 def test_the_registry_collects_every_chapters_catalogue_under_unique_names():
     from icl_course.grading import registry
-    assert sorted({check.chapter for check in checks.CHECKS.values()}) == list(registry.CHAPTERS)
+    assert sorted({check.chapter for check in registry.CHECKS.values()}) == list(registry.CHAPTERS)
     for chapter in registry.CHAPTERS:
         names = [check.name for check in registry.catalogue(chapter)]
-        assert names and all(checks.CHECKS[name].chapter == chapter for name in names)
-    assert registry.build_registry((1, 2)).keys() == {name for name, check in checks.CHECKS.items()
+        assert names and all(registry.CHECKS[name].chapter == chapter for name in names)
+    assert registry.build_registry((1, 2)).keys() == {name for name, check in registry.CHECKS.items()
                                                       if check.chapter in (1, 2)}
 
 
@@ -420,7 +421,7 @@ def test_the_grading_modules_import_one_another_in_one_direction():
     checks_source = (ROOT / "icl_course" / "checks.py").read_text()
     assert "__getattr__" not in checks_source
     assert set(checks.__all__) == {"self_check", "record", "hint", "progress", "SelfCheckFailed", "Progress"}
-    assert checks.CHECKS is __import__("icl_course.grading.registry", fromlist=["CHECKS"]).CHECKS
+    assert registry.CHECKS is __import__("icl_course.grading.registry", fromlist=["CHECKS"]).CHECKS
 
 
 @pytest.fixture(scope="module")
@@ -473,12 +474,12 @@ def _poisoned(value, bad: float):
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_nan_and_inf_outputs_fail_every_check(answers, bad):
     """Each check, given the answer key's output with one entry made NaN or infinite, fails it (scores 0)."""
-    for name, check in checks.CHECKS.items():
+    for name, check in registry.CHECKS.items():
         case = check.grading_cases(5)[-1]
         output = protocol.portable(answers[name](**case.arguments))
         poisoned = _poisoned(output, bad)
         assert poisoned is not output, name
-        with pytest.raises(checks.CheckFailed):
+        with pytest.raises(checking.CheckFailed):
             check.verify(case, poisoned)
 
 
@@ -488,7 +489,7 @@ def test_an_answer_so_large_that_the_loss_overflows_is_not_the_best_precondition
         u = torch.ones(S.shape[0], 1, dtype=S.dtype)
         return 1e300 * u @ u.T
     for seed in (0, 1, 2):
-        with pytest.raises(checks.CheckFailed, match="your B has loss nan"):
+        with pytest.raises(checking.CheckFailed, match="your B has loss nan"):
             run("optimal_preconditioner", overflowing, seed=seed)
     assert not checking.close(torch.tensor([math.nan]), torch.tensor([0.0]))
     assert not checking.close(torch.tensor([0.0]), torch.tensor([math.inf]))
@@ -498,9 +499,9 @@ def test_the_monte_carlo_task_needs_evidence_of_sampling():
     def closed_form(d, num_samples=200_000, seed=0):
         exact = d * (d + 2)
         return float(exact), math.sqrt((d * (d + 2) * (d + 4) * (d + 6) - exact**2) / num_samples)
-    with pytest.raises(checks.CheckFailed, match="closed forms"):
+    with pytest.raises(checking.CheckFailed, match="closed forms"):
         run("fourth_moment_monte_carlo", closed_form, seed=0)
-    with pytest.raises(checks.CheckFailed, match="closed forms"):   # the exact mean beside a sampled error
+    with pytest.raises(checking.CheckFailed, match="closed forms"):   # the exact mean beside a sampled error
         run("fourth_moment_monte_carlo", lambda d, num_samples=200_000, seed=0:
             (float(d * (d + 2)), 1.01 * closed_form(d, num_samples)[1]), seed=0)
 
@@ -512,10 +513,10 @@ def test_each_tasks_reference_functions_are_withheld_by_name():
     from icl_course.grading.stripped import defined_names, withheld_names
     package = package_folder()
     defined = defined_names(package) - defined_names(package / "grading")
-    for check in checks.CHECKS.values():
+    for check in registry.CHECKS.values():
         if check.name in defined:
             assert check.name in withheld_names([check], package), check.name
-    assert {"one_step_loss", "optimal_preconditioner"} <= withheld_names(list(checks.CHECKS.values()), package)
+    assert {"one_step_loss", "optimal_preconditioner"} <= withheld_names(list(registry.CHECKS.values()), package)
 
 
 def test_a_memformer_layer_that_ignores_the_mask_fails(answers):
@@ -532,10 +533,10 @@ def test_a_memformer_layer_that_ignores_the_mask_fails(answers):
         new_register = P @ Z @ Z.transpose(-1, -2) @ Q @ Z / n + gamma * register
         return Z + alpha * new_register, new_register
     for seed in (0, 1, 2):
-        with pytest.raises(checks.CheckFailed, match="the mask keeps the query column out"):
+        with pytest.raises(checking.CheckFailed, match="the mask keeps the query column out"):
             run("memformer_layer", unmasked, seed=seed)
         run("memformer_layer", answers["memformer_layer"], seed=seed)
-    check = checks.CHECKS["memformer_layer"]
+    check = registry.CHECKS["memformer_layer"]
     for case in check.grading_cases(0)[len(check.examples()):]:
         assert (case.arguments["Z"][:, -1, -1] != 0).all()       # every drawn case has a query label
         assert not checking.close(unmasked(**case.arguments)[1], reference_memformer_layer(**case.arguments)[1])

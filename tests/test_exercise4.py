@@ -10,6 +10,7 @@ from conftest import ROOT, answer_key_functions, verify_on_grading_inputs
 from icl_course import checks
 from icl_course.baselines import BayesOptimal, least_squares, noise_variance_estimate
 from icl_course.data import CategoricalNoise, RegressionTasks
+from icl_course.grading import checking, protocol, registry
 from icl_course.grading.chapter4 import chapter_4_checks, reference_diag_layer, reference_noise_posterior
 from icl_course.hints import HINTS
 from icl_course.models import diagonal_construction
@@ -33,7 +34,7 @@ def test_the_chapter_is_registered_with_hints_for_every_task():
     catalogue = chapter_4_checks()
     assert [(check.chapter, check.task, check.name) for check in catalogue] == \
         [(4, task, name) for task, name in enumerate(NAMES, start=1)]
-    assert all(checks.CHECKS[check.name].chapter == 4 for check in catalogue)
+    assert all(registry.CHECKS[check.name].chapter == 4 for check in catalogue)
     assert all(check.giveaways for check in catalogue)
     for name in NAMES:
         assert len(HINTS[name]) == 3 and len(set(HINTS[name])) == 3, name
@@ -48,14 +49,14 @@ def test_the_answer_key_passes_on_fresh_grading_inputs(answers, seed):
 
 def test_grading_inputs_have_the_promised_shapes():
     for seed in range(30):
-        for case in checks.CHECKS["noise_estimate"].grading_cases(seed):
+        for case in registry.CHECKS["noise_estimate"].grading_cases(seed):
             n, d = case.arguments["X"].shape[1:]
             assert 1 <= d <= 8 and n > d
-        for case in checks.CHECKS["noise_posterior"].grading_cases(seed):
+        for case in registry.CHECKS["noise_posterior"].grading_cases(seed):
             assert 2 <= len(case.arguments["levels"]) <= 4 and 1.0 not in case.arguments["levels"]
-        for case in checks.CHECKS["two_noise_weights"].grading_cases(seed):
+        for case in registry.CHECKS["two_noise_weights"].grading_cases(seed):
             assert case.arguments["sigma_1"] != case.arguments["sigma_2"]
-    draws = [checks.CHECKS["diag_layer"].grading_cases(seed)[-1].arguments["tokens"] for seed in (3, 4)]
+    draws = [registry.CHECKS["diag_layer"].grading_cases(seed)[-1].arguments["tokens"] for seed in (3, 4)]
     assert draws[0].shape != draws[1].shape or not torch.equal(*draws)
 
 
@@ -215,7 +216,7 @@ MISTAKES = [
                                                                  in enumerate(MISTAKES)])
 @pytest.mark.parametrize("seed", [0, 5])
 def test_a_typical_mistake_fails_with_a_message_that_names_it(name, mistake, message, seed):
-    with pytest.raises(checks.CheckFailed, match=message):
+    with pytest.raises(checking.CheckFailed, match=message):
         run(name, mistake, seed)
 
 
@@ -223,22 +224,22 @@ def test_a_typical_mistake_fails_with_a_message_that_names_it(name, mistake, mes
                                                                  in enumerate(MISTAKES)])
 def test_the_self_check_already_names_the_mistake(name, mistake, message):
     """The fixed examples alone (what a learner sees first) diagnose every typical mistake."""
-    check = checks.CHECKS[name]
-    with pytest.raises(checks.CheckFailed, match=message):
+    check = registry.CHECKS[name]
+    with pytest.raises(checking.CheckFailed, match=message):
         for case in check.examples():
-            check.verify(case, checks.portable(mistake(**case.arguments)))
+            check.verify(case, protocol.portable(mistake(**case.arguments)))
 
 
 def test_outputs_of_the_wrong_kind_are_named():
-    with pytest.raises(checks.CheckFailed, match="Python float.*use .item"):
+    with pytest.raises(checking.CheckFailed, match="Python float.*use .item"):
         run("two_noise_weights", lambda n, sigma_1, sigma_2: (torch.tensor(-0.5), -0.001), seed=0)
-    with pytest.raises(checks.CheckFailed, match="pair"):
+    with pytest.raises(checking.CheckFailed, match="pair"):
         run("two_noise_weights", lambda n, sigma_1, sigma_2: -0.5, seed=0)
-    with pytest.raises(checks.CheckFailed, match="must have shape"):
+    with pytest.raises(checking.CheckFailed, match="must have shape"):
         run("noise_estimate", lambda X, y: y, seed=0)
-    with pytest.raises(checks.CheckFailed, match="must have shape"):
+    with pytest.raises(checking.CheckFailed, match="must have shape"):
         run("noise_posterior", lambda X, y, levels: torch.ones(X.shape[0], **FLOAT64), seed=0)
-    with pytest.raises(checks.CheckFailed, match="must have shape"):
+    with pytest.raises(checking.CheckFailed, match="must have shape"):
         run("diag_layer", lambda tokens, w_xx, w_xy, w_yx, w_yy: tokens[:, :-1], seed=0)
 
 
@@ -251,12 +252,12 @@ def test_the_self_check_of_the_answer_key_passes_and_a_wrong_answer_points_to_th
 
 
 def test_recorded_outputs_are_verified_in_the_graders_process(answers, tmp_path, monkeypatch):
-    monkeypatch.setenv(checks.ANSWERS_VARIABLE, str(tmp_path))
-    checks.write_cases(NAMES, tmp_path, 13)
+    monkeypatch.setenv(protocol.ANSWERS_VARIABLE, str(tmp_path))
+    protocol.write_cases(NAMES, tmp_path, 13)
     for name in NAMES:
         checks.record(name, answers[name])
     checks.record("diag_layer", lambda tokens, **weights: _diag_variant(tokens, **weights, read_query=True))
-    verdicts = checks.verify_recorded(NAMES, tmp_path, 13)
+    verdicts = protocol.verify_recorded(NAMES, tmp_path, 13)
     assert "context tokens only" in verdicts.pop("diag_layer")
     assert verdicts == {name: "" for name in NAMES if name != "diag_layer"}
 
@@ -264,9 +265,9 @@ def test_recorded_outputs_are_verified_in_the_graders_process(answers, tmp_path,
 def test_giveaways_name_the_package_references():
     source = ("from icl_course.baselines import BayesOptimal, CategoricalNoise\n"
               "def noise_posterior(X, y, levels):\n    return BayesOptimal(CategoricalNoise(levels)).posterior(X)\n")
-    assert checks.giveaways_used(source, checks.CHECKS["noise_posterior"].giveaways) == \
+    assert protocol.giveaways_used(source, registry.CHECKS["noise_posterior"].giveaways) == \
         ["BayesOptimal", "CategoricalNoise", "baselines"]
     source = "def two_noise_weights(n, sigma_1, sigma_2):\n    return theory.two_noise_construction(n, 1, 3)\n"
-    assert checks.giveaways_used(source, checks.CHECKS["two_noise_weights"].giveaways) == \
+    assert protocol.giveaways_used(source, registry.CHECKS["two_noise_weights"].giveaways) == \
         ["theory", "two_noise_construction"]
 

@@ -515,7 +515,7 @@ READ_THE_FILE = (
     "    return tuple(m[0].detach() for m in namespace['gd_construction'](d, n, eta).layers[0].head_matrices())\n")
 READ_THE_CATALOGUE = (
     "import inspect\n"
-    "from icl_course.checks import FLOAT64\n"
+    "from icl_course.grading.checking import FLOAT64\n"
     "from icl_course.grading import chapter1\n"
     "exec(inspect.getsource(chapter1._best_step_size_reference).replace('_best_step_size_reference', "
     "'best_step_size'))\n")
@@ -792,12 +792,12 @@ def test_a_copied_graded_cell_is_repaired_so_an_honest_learner_is_graded():
 
 
 def test_recorded_answers_that_would_unpack_to_gigabytes_are_refused(tmp_path):
-    from icl_course import checks
+    from icl_course.grading import protocol
     bomb = tmp_path / "best_step_size.pt"
     with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("archive/data.pkl", b"\0" * (64 * 2**20))        # 64 MiB of zeros, 64 KiB on disk
     assert bomb.stat().st_size < 1_000_000
-    verdicts = checks.verify_recorded(["best_step_size"], tmp_path, seed=0)
+    verdicts = protocol.verify_recorded(["best_step_size"], tmp_path, seed=0)
     assert "would unpack to 64 MiB or are compressed" in verdicts["best_step_size"]
 
 
@@ -1113,27 +1113,27 @@ def test_files_of_a_course_folder_are_read_as_input(tmp_path):
 
 
 def test_verify_recorded_refuses_a_fifo_or_a_link_and_grades_the_rest(tmp_path):
-    from icl_course import checks
+    from icl_course.grading import protocol
     from icl_course.grading.protocol import record
     course = tmp_path / "course"
     answers = course / "answers"
     answers.mkdir(parents=True)
-    os.environ[checks.ANSWERS_VARIABLE] = str(answers)
+    os.environ[protocol.ANSWERS_VARIABLE] = str(answers)
     try:
-        checks.write_cases(["fourth_moment", "gdpp_layers"], answers, seed=3)
+        protocol.write_cases(["fourth_moment", "gdpp_layers"], answers, seed=3)
         record("fourth_moment", lambda d: d * (d + 2))
         from icl_course import theory
         record("gdpp_layers", theory.gdpp_layers_needed)
     finally:
-        del os.environ[checks.ANSWERS_VARIABLE]
-    assert checks.verify_recorded(["fourth_moment", "gdpp_layers"], answers, 3, root=course) == \
+        del os.environ[protocol.ANSWERS_VARIABLE]
+    assert protocol.verify_recorded(["fourth_moment", "gdpp_layers"], answers, 3, root=course) == \
         {"fourth_moment": "", "gdpp_layers": ""}
     (answers / "gdpp_layers.pt").rename(tmp_path / "moved.pt")
     (answers / "gdpp_layers.pt").symlink_to(tmp_path / "moved.pt")
     (answers / "fourth_moment.pt").unlink()
     os.mkfifo(answers / "fourth_moment.pt")
     started = time.monotonic()
-    verdicts = checks.verify_recorded(["fourth_moment", "gdpp_layers"], answers, 3, root=course)
+    verdicts = protocol.verify_recorded(["fourth_moment", "gdpp_layers"], answers, 3, root=course)
     assert time.monotonic() - started < 5
     assert "fourth_moment.pt is a FIFO" in verdicts["fourth_moment"]
     assert "gdpp_layers.pt is a symbolic link" in verdicts["gdpp_layers"]

@@ -114,7 +114,7 @@ def test_clear_errors(batch):
 def test_chapter_5_checks_accept_the_reference_and_reject_mistakes():
     import random
 
-    from icl_course import checks
+    from icl_course.grading import checking, protocol
     from icl_course.grading.chapter5 import chapter_5_checks, reference_memformer_layer
     from icl_course.memformer import momentum_coefficients
 
@@ -131,10 +131,10 @@ def test_chapter_5_checks_accept_the_reference_and_reject_mistakes():
     for check in chapter_5_checks():
         cases = check.examples() + check.draw(random.Random(0))
         for case in cases:
-            check.verify(case, checks.portable(answers[check.name](**case.arguments)))
-        with pytest.raises(checks.CheckFailed):
+            check.verify(case, protocol.portable(answers[check.name](**case.arguments)))
+        with pytest.raises(checking.CheckFailed):
             for case in cases:
-                check.verify(case, checks.portable(wrong[check.name](**case.arguments)))
+                check.verify(case, protocol.portable(wrong[check.name](**case.arguments)))
 
 
 @pytest.mark.parametrize("family", ["linear transformer", "CGD-like (scalars)", "CGD-like + A_l", "LFOM (tied gates)"])

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 import icl_course
-from icl_course import checks
-from icl_course.grading import sandbox
+from icl_course.grading import registry, sandbox
 from icl_course.grading.stripped import strip_package, strip_source, withheld_names
 
 PACKAGE = Path(icl_course.__file__).resolve().parent
-CHAPTER_1 = [check for check in checks.CHECKS.values() if check.chapter == 1]
+CHAPTER_1 = [check for check in registry.CHECKS.values() if check.chapter == 1]
 
 
 def test_only_giveaways_that_the_package_defines_are_withheld():
