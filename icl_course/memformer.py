@@ -623,19 +623,23 @@ def _samplers(seeds) -> list:
     return [paper_tasks(setting, seed) for setting in SETTINGS for seed in seeds]
 
 
-def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict] = None) -> dict:
+def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict] = None, redo=()) -> dict:
     """Train and score every model of chapter 5, tune and score the baselines; save all in ``path``.
 
     For each family of ``MODELS`` and each depth, one model per seed and setting (``SETTINGS``; on the
     rotated data seed ``s`` also draws ``U``), all trained at once by :func:`train_models`, then
     scored per layer on ``eval_tasks`` fresh tasks (seeded apart from training).  The file is
-    rewritten after every (family, depth), and ``resume=True`` keeps what it holds.  Layout (nested
+    rewritten after every (family, depth), and ``resume=True`` keeps what it holds except the parts
+    named in ``redo`` (``"baselines"``, ``"small_batch"`` or families of ``MODELS``).  Layout (nested
     keys): ``results["models"][setting][family][depth]`` holds ``"weights"`` (a state dict, one model
     per seed along the first axis), ``"curve"`` (seeds, checkpoints), ``"mean"`` and ``"stderr"``
     (seeds, depth) and ``"seconds"``; ``results["baselines"][setting][method]`` as :func:`tuned_baselines`.
     """
     r = dict(recipe or RECIPE)
     path = pathlib.Path(path)
+    unknown = set(redo) - {"baselines", "small_batch", *MODELS}
+    if unknown:
+        raise ValueError(f"cannot redo {sorted(unknown)}; choose among 'baselines', 'small_batch' and {list(MODELS)}")
     results = {"recipe": r, "command": COMMAND, "models": {s: {f: {} for f in MODELS} for s in SETTINGS},
                "baselines": {}}
     if resume and path.exists():
@@ -644,7 +648,14 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
             raise ValueError(f"{path} was made with another recipe; pass resume=False (or another path) to start over")
         results["models"], results["baselines"] = done["models"], done["baselines"]
         results["seconds"] = done.get("seconds", {})
-        results.update({key: done[key] for key in ("small_batch", "total_seconds", "timing") if key in done})
+        results.update({key: done[key] for key in ("small_batch", "total_seconds", "timing", "redone") if key in done})
+        if "baselines" in redo:
+            results["baselines"] = {}
+        if "small_batch" in redo:
+            results.pop("small_batch", None)
+        for family in set(redo) & set(MODELS):
+            for setting in SETTINGS:
+                results["models"][setting][family] = {}
     seeds = list(r["seeds"])
     for setting in SETTINGS:
         if setting not in results["baselines"]:
@@ -747,10 +758,16 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="train and score the models of chapter 5 (Dutta et al. 2024)")
     parser.add_argument("--out", default=str(PRETRAINED))
     parser.add_argument("--restart", action="store_true", help="train every model again (default: keep those in --out)")
+    parser.add_argument("--redo", nargs="+", default=[], metavar="PART",
+                        help="recompute only these parts of --out: baselines, small_batch or a family of MODELS")
     arguments = parser.parse_args()
     torch.set_num_threads(1)
     begin = time.perf_counter()
-    output = run_experiments(arguments.out, resume=not arguments.restart)
+    output = run_experiments(arguments.out, resume=not arguments.restart, redo=arguments.redo)
     output["total_seconds"] = output.get("total_seconds", 0.0) + time.perf_counter() - begin
+    if arguments.redo:   # which parts a later run recomputed, with the command and its time
+        output["redone"] = output.get("redone", []) + [
+            {"command": f"{COMMAND.split('   ')[0]} --redo {' '.join(arguments.redo)}", "parts": arguments.redo,
+             "seconds": time.perf_counter() - begin}]
     torch.save(output, arguments.out)
     print(f"done in {time.perf_counter() - begin:.0f} s", flush=True)

@@ -82,9 +82,34 @@ def test_momentum_and_nesterov_converge(batch):
     exact = torch.linalg.solve(batch.Sigma, batch.alpha)
     for nesterov in (False, True):
         eta, mu = tune_momentum(batch, 8, nesterov=nesterov)
-        assert 0 < mu < 1 and eta > 0
+        assert 0 < mu < 1 and eta > 0   # eight steps on this data: an ordinary momentum
         path = momentum_descent(batch.X, batch.y, eta, mu, 3000, nesterov=nesterov)
         torch.testing.assert_close(path[:, -1], exact, rtol=1e-6, atol=1e-6)
+
+
+def test_nesterov_two_step_momentum_is_tuned_inside_its_range():
+    """At two steps Nesterov's best momentum is above 1 on chapter 5's data: the tuner must reach it
+    (a stationary point of the tuning loss), not stop at a cap, and it must beat the capped value."""
+    from icl_course.memformer import paper_tasks
+    from icl_course.optimizers import _mean_weight_loss
+    sample = paper_tasks("isotropic").sample(2000, seed=3).to(dtype=torch.float64)
+    eta, mu = tune_momentum(sample, 2, nesterov=True)
+    assert 1.1 < mu < 2
+    point = torch.tensor([eta, mu], dtype=torch.float64, requires_grad=True)
+    loss = _mean_weight_loss(momentum_descent(sample.X, sample.y, point[0], point[1], 2, nesterov=True)[:, -1], sample)
+    loss.backward()
+    assert point.grad.abs().max() < 1e-5
+    capped = momentum_descent(sample.X, sample.y, tune_momentum_capped(sample), 1.0, 2, nesterov=True)[:, -1]
+    assert loss.item() < 0.99 * _mean_weight_loss(capped, sample).item()
+
+
+def tune_momentum_capped(sample):
+    """The best step size for two Nesterov steps with the momentum held at the old cap, mu = 1 (grid search)."""
+    from icl_course.optimizers import _mean_weight_loss
+    etas = torch.linspace(0.2, 1.2, 501, dtype=torch.float64)
+    losses = [_mean_weight_loss(momentum_descent(sample.X, sample.y, eta, 1.0, 2, nesterov=True)[:, -1], sample)
+              for eta in etas]
+    return float(etas[int(torch.stack(losses).argmin())])
 
 
 def test_training_lowers_the_loss():
