@@ -23,7 +23,7 @@ import torch
 from icl_course import LinearTransformer, RegressionTasks
 from icl_course.evaluate import adjusted_losses
 from icl_course.sweep import ModelSpec, train_sweep
-from icl_course.table1 import COLUMNS, PAPER, _grown, column_noise
+from icl_course.table1 import COLUMNS, PAPER, append_layer, column_noise
 
 # name: (learning rate, schedule, warm-up, final fraction, dtype, clip, init)
 RECIPES = {
@@ -85,7 +85,7 @@ def main(argv=None):
                 for s in range(args.seeds):
                     init = None
                     if recipe[6] == "grown":
-                        init = _grown(previous[s], seed=s)
+                        init = append_layer(previous[s], seed=s)
                     elif recipe[6] == "random0.1":
                         init = LinearTransformer(10, depth, 1, variant, 0.1, seed=s, dtype=torch.float64, device="cpu")
                     groups.setdefault((recipe[4], recipe[5], recipe[3]), []).append((label, recipe, s, init))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -12,9 +13,11 @@ from .baselines import gradient_descent, least_squares, ridge
 from .data import FixedNoise, RegressionTasks, UniformNoise
 from .evaluate import Estimate, query_averaged_loss
 from .models import LinearTransformer, gd_construction
+from .table1.budget import column_noise
+from .table1.paper import BASELINES, COLUMNS, PAPER, VARIANTS
 
 __all__ = ["setup_notebook", "plot_estimates", "plot_task_fits", "show_task_fits", "show_gd_and_transformer",
-           "show_one_step_loss", "show_gdpp_spectrum", "show_diag_profile"]
+           "show_one_step_loss", "show_gdpp_spectrum", "show_diag_profile", "plot_table1"]
 
 COLORS = {
     "least squares": "#4c72b0", "oracle ridge": "#222222", "ridge": "#222222", "ConstRR": "#dd8452",
@@ -275,4 +278,51 @@ def show_diag_profile(layer_1: Mapping[str, float], layer_2: Mapping[str, float]
     for ax in axes:
         ax.axvspan(sigma_max, sigma_max + 1, color=COLORS["truth"], alpha=0.15, lw=0)
     figure.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.9, wspace=0.28)  # tight_layout: 1 s a redraw
+    return figure
+
+
+def plot_table1(rows: Sequence[dict], path=None):
+    """Table 1 of Vladymyrov et al. (2024) as a figure: adjusted loss against depth, one panel per column.
+
+    ``rows`` are those of :func:`icl_course.table1.run_table1` or :func:`icl_course.table1.load_results`; ours
+    solid with error bars, the paper's dashed, the baselines as horizontal lines.  With ``path`` the figure
+    is saved there (PNG) and closed.
+    """
+    columns = [column for column in COLUMNS if any(row["column"] == column for row in rows)]
+    figure, axes = plt.subplots(2, math.ceil(len(columns) / 2), figsize=(3.2 * math.ceil(len(columns) / 2), 6),
+                                squeeze=False, sharex=True)
+    colors = {variant: COLORS[name] for variant, name in VARIANTS.items()}
+    for ax, column in zip(axes.flat, columns):
+        for variant in VARIANTS:
+            mine = sorted((row for row in rows if row["variant"] == variant and row["column"] == column),
+                          key=lambda row: row["depth"])
+            if not mine:
+                continue
+            depths = [row["depth"] for row in mine]
+            ax.errorbar(depths, [max(row["adjusted_loss"], 1e-13) for row in mine],
+                        yerr=[row["stderr"] for row in mine], color=colors[variant], marker="o", ms=3,
+                        label=f"{VARIANTS[variant]} (ours)")
+            paper = [PAPER[variant][depth][COLUMNS.index(column)] for depth in range(1, 8)]
+            ax.plot(range(1, 8), [max(value, 1e-13) for value in paper], color=colors[variant], ls="--", lw=0.8,
+                    label=f"{VARIANTS[variant]} (paper)")
+        for name in BASELINES:
+            row = next((row for row in rows if row["variant"] == name and row["column"] == column), None)
+            if row is not None and row["adjusted_loss"] > 0:
+                ax.axhline(row["adjusted_loss"], color=COLORS.get(name), lw=1, ls=":", label=name)
+        ax.set_yscale("log")
+        ax.set_title(f"sigma in {column_noise(column).label}", fontsize=9)
+        ax.set_xlabel("layers")
+        ax.set_ylabel("adjusted loss")
+    for ax in list(axes.flat)[len(columns):]:
+        ax.axis("off")
+    legend = {}   # from every panel: a baseline at 0 (AdaRR, TunedRR when sigma = 0) is drawn in none of some
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
+    figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 9), fontsize=8)
+    figure.tight_layout(rect=(0, 0.06, 1, 1))
+    if path is not None:
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
     return figure

@@ -9,6 +9,7 @@ import torch
 from icl_course import RegressionTasks, table1
 from icl_course.__main__ import main as cli
 from icl_course.evaluate import adjusted_loss
+from icl_course.plots import plot_table1
 from icl_course.table1 import (
     BUDGETS,
     COLUMNS,
@@ -19,6 +20,7 @@ from icl_course.table1 import (
     load_results,
     load_table1_model,
     run_table1,
+    training,
 )
 
 # a pipeline check with tiny numbers: two columns, two depths, every variant, two seeds
@@ -48,7 +50,7 @@ def test_the_paper_table_is_complete_and_consistent():
 
 def test_tiny_table_end_to_end_then_resume_and_refuse(tmp_path):
     out = tmp_path / "run"
-    rows = run_table1(out, "quick", device="cpu", **TINY)
+    rows = run_table1(out, "quick", device="cpu", figure=plot_table1, **TINY)
     for name in ("results.json", "results.csv", "table.md", "figure.png", "models.pt", "config.json"):
         assert (out / name).is_file(), name
     trained = [row for row in rows if row["depth"] is not None]
@@ -123,7 +125,7 @@ def test_a_killed_run_resumes_without_redoing_finished_models(tmp_path, monkeypa
     out = tmp_path / "run"
     options = dict(TINY, seeds=(0,), columns=["2"])
     calls = []
-    original = table1.train_sweep
+    original = training.train_sweep
 
     def killed_on_the_fourth_stack(specs, **kwargs):
         calls.append(specs[0].name)
@@ -131,13 +133,13 @@ def test_a_killed_run_resumes_without_redoing_finished_models(tmp_path, monkeypa
             raise KeyboardInterrupt
         return original(specs, **kwargs)
 
-    monkeypatch.setattr(table1, "train_sweep", killed_on_the_fourth_stack)
+    monkeypatch.setattr(training, "train_sweep", killed_on_the_fourth_stack)
     with pytest.raises(KeyboardInterrupt):
         run_table1(out, "quick", device="cpu", **options)
     assert sorted(path.name for path in (out / "models").iterdir()) == \
         ["diag-L1-u2-s0.pt", "full-L1-u2-s0.pt", "gdpp-L1-u2-s0.pt"]
     calls.clear()
-    monkeypatch.setattr(table1, "train_sweep", lambda specs, **kwargs: (calls.append(specs[0].name),
+    monkeypatch.setattr(training, "train_sweep", lambda specs, **kwargs: (calls.append(specs[0].name),
                                                                          original(specs, **kwargs))[1])
     rows = run_table1(out, "quick", device="cpu", **options)
     assert calls == ["gdpp-L2-u2-s0", "diag-L2-u2-s0", "full-L2-u2-s0"]   # depth 1 was not trained again
@@ -341,7 +343,7 @@ def test_merge_runs_gathers_the_depths_every_run_finished(tmp_path):
                 for column in COLUMNS:
                     if (depth, variant, column) == (3, variants[0], COLUMNS[-1]):
                         continue                     # one model of depth 3 never finished
-                    name = table1._model_name(variant, depth, column, budget.seeds_at(depth)[0])
+                    name = table1.model_name(variant, depth, column, budget.seeds_at(depth)[0])
                     (folder / "models" / f"{name}.pt").write_bytes(name.encode())
                     if depth > 1 and column == "1":    # a deepened candidate and its unfinished first phase
                         (folder / "models" / f"{name}-d0.pt").write_bytes(name.encode())
@@ -477,7 +479,7 @@ def test_nested_init_can_name_the_variants_that_start_from_the_smaller_one(tmp_p
             run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, nested_learning_rate=bad))
     assert not (tmp_path / "other").exists()
     # one rate per variant for every depth, without the depth keys
-    assert table1.replace(BUDGETS["quick"], nested_learning_rate={"full": 2e-5}).settings(3)[
+    assert replace(BUDGETS["quick"], nested_learning_rate={"full": 2e-5}).settings(3)[
         "nested_learning_rate"] == {"full": 2e-5}
     # a budget without the setting keeps the configuration it had before the setting existed
     assert "nested_learning_rate" not in table1.BUDGETS["gpu"].as_dict()
@@ -541,21 +543,21 @@ def test_deepened_candidates_start_from_the_shallower_model_and_compete_for_the_
 
 def test_a_deep_cell_keeps_a_light_tailed_candidate_over_a_lower_heavy_tailed_mean():
     from icl_course.evaluate import Estimate
-    from icl_course.table1 import _pick_candidate
+    from icl_course.table1 import pick_candidate
 
     # the tuning scores of the cpu run's Full cell at sigma_max = 0, 3 layers, on 1 000 000 tasks
     heavy, light = Estimate(0.01761, 0.00047, 10**6), Estimate(0.02037, 0.00006, 10**6)
-    assert _pick_candidate({"deepened": heavy, "nested": light}, deep=True) == "nested"
-    assert _pick_candidate({"deepened": heavy, "nested": light}, deep=False) == "deepened"
+    assert pick_candidate({"deepened": heavy, "nested": light}, deep=True) == "nested"
+    assert pick_candidate({"deepened": heavy, "nested": light}, deep=False) == "deepened"
     # with no light-tailed candidate the lowest mean wins; a mean that is not finite never does
     worse = Estimate(0.5, 0.4, 10**6)
-    assert _pick_candidate({"deepened": heavy, "other": worse}, deep=True) == "deepened"
-    assert _pick_candidate({"broken": Estimate(math.nan, math.nan, 10), "other": worse}, deep=True) == "other"
+    assert pick_candidate({"deepened": heavy, "other": worse}, deep=True) == "deepened"
+    assert pick_candidate({"broken": Estimate(math.nan, math.nan, 10), "other": worse}, deep=True) == "other"
 
 
 def test_the_candidates_of_a_deep_cell_are_compared_on_as_many_tasks_as_it_is_scored_on(tmp_path):
     from icl_course.evaluate import Estimate
-    from icl_course.table1 import _pick_candidate
+    from icl_course.table1 import pick_candidate
 
     options = dict(TINY, depths=(2, 3), columns=["1"], variants=["diag"], tuning_tasks=1000, eval_tasks=2000,
                    eval_tasks_deep=3000)
@@ -567,7 +569,7 @@ def test_the_candidates_of_a_deep_cell_are_compared_on_as_many_tasks_as_it_is_sc
         "diag-L2-u1-s0": 1000, "diag-L2-u1-s1": 1000, "diag-L3-u1-s0": 3000, "diag-L3-u1-s1": 3000}
     for cell, deep in (("diag-L2", False), ("diag-L3", True)):
         estimates = {name: Estimate(*entry) for name, entry in scores.items() if name.startswith(cell)}
-        assert evaluation["selected"][cell] == _pick_candidate(estimates, deep)
+        assert evaluation["selected"][cell] == pick_candidate(estimates, deep)
 
 
 def benchmark(name: str):
@@ -674,3 +676,31 @@ def test_the_deepened_start_benchmark_reads_a_shipped_runs_selected_models(capsy
         deepened_start.main(["--run", "cpu", "--depth", "5", "--deeper", "--variants", "gdpp", "--columns", "2"])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("no gdpp model of 5 layers for column 2 in "
                                                                      f"{SHIPPED['cpu'] / 'models.pt'}")
+
+
+def test_the_plan_of_a_stack_says_where_every_model_starts_without_training():
+    from icl_course.table1 import plan_stack
+
+    quick, cpu, variants = BUDGETS["quick"], BUDGETS["cpu"], list(table1.VARIANTS)
+    first = plan_stack(quick, 1, "gdpp", variants, ["1", "{1,3}"], done=set())
+    assert [(m.name, m.start, m.num_steps) for m in first.models] == [("gdpp-L1-u1-s0", "random", 150),
+                                                                       ("gdpp-L1-c13-s0", "random", 150)]
+    assert not first.two_phases and not first.unstarted
+    # a deeper quick model grows from its finished shallower one; a missing one starts from random weights
+    grown = plan_stack(quick, 2, "diag", variants, ["1", "2"], done={"diag-L1-u1-s0"})
+    assert [(m.start, m.source) for m in grown.models] == [("grown", "diag-L1-u1-s0"), ("random", None)]
+    # cpu, 3 layers: Full nests from Diag (the seed and the deepened candidates), unclipped, at its own rate
+    done = {f"diag-L3-u5-s{seed}" for seed in (0, 1)} | {"diag-L3-u5-s0-d0"}
+    nested = plan_stack(cpu, 3, "full", variants, ["5"], done)
+    assert [(m.name, m.start, m.source) for m in nested.models] == [
+        ("full-L3-u5-s0", "widened", "diag-L3-u5-s0"), ("full-L3-u5-s1", "widened", "diag-L3-u5-s1"),
+        ("full-L3-u5-s0-d0", "widened", "diag-L3-u5-s0-d0")]   # -d1's Diag did not finish: no Full either
+    assert {(m.num_steps, m.learning_rate, m.schedule, m.warmup_steps) for m in nested.models} == {
+        (3000, 1e-5, "constant", 0)}
+    assert nested.two_phases
+    # cpu, 4 layers: no seeds; GD++ deepens the selected 3-layer model at positions 0 and 2
+    deepened = plan_stack(cpu, 4, "gdpp", variants, ["5", "6"], done={"gdpp-L3-u5-s1"},
+                          shallower_choice={"5": "gdpp-L3-u5-s1", "6": "gdpp-L3-u6-s0"})
+    assert [(m.name, m.source, m.position, m.num_steps) for m in deepened.models] == [
+        ("gdpp-L4-u5-s0-d0", "gdpp-L3-u5-s1", 0, 2000), ("gdpp-L4-u5-s0-d2", "gdpp-L3-u5-s1", 2, 2000)]
+    assert deepened.unstarted == {"gdpp-L4-u6-s0-d0": "gdpp-L3-u6-s0", "gdpp-L4-u6-s0-d2": "gdpp-L3-u6-s0"}
