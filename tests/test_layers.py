@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "icl_course"
 SCIENCE = ("data", "models", "memformer", "baselines", "optimizers", "theory", "evaluate", "linalg", "mixed_noise",
            "checkpoints", "runtime")
 #: modules that train, select and score (``table1.cli`` is the command, an interface)
-PIPELINES = ("train", "sweep", "table1", "pretrained")
+PIPELINES = ("train", "trainer_core", "sweep", "table1", "pretrained")
 #: what the notebooks see: figures and sliders
 INTERFACE = ("plots", "widgets")
 
@@ -148,3 +148,14 @@ def test_every_known_exception_is_still_an_arrow_of_the_graph():
 def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_function_of_the_pipelines_is_over_80_lines():
+    long = []
+    for name, path in modules().items():
+        if layer(name) != "pipeline":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long.append(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, f"split these into named functions: {long}"
