@@ -9,10 +9,11 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import torch
 
-from .baselines import gradient_descent, least_squares, ridge
+from .baselines import least_squares, ridge
 from .data import FixedNoise, RegressionTasks, UniformNoise
 from .evaluate import Estimate, query_averaged_loss
 from .models import LinearTransformer, gd_construction
+from .optimizers import gradient_descent
 from .table1.budget import column_noise
 from .table1.paper import BASELINES, COLUMNS, PAPER, VARIANTS
 
@@ -104,7 +105,7 @@ def plot_task_fits(batch, weights: Mapping[str, torch.Tensor], queries: torch.Te
 
 # -- the figures behind the widgets (icl_course.widgets puts sliders on them) ----------------------
 
-def show_task_fits(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
+def show_task_fits(d: int = 5, n: int = 20, sigma: float = 0.5, seed: int = 0):
     """Sample one task and draw the least-squares and oracle-ridge fits (chapter 0).
 
     With ``n < d`` least squares is undefined and is left out; with ``sigma = 0`` as well,
@@ -127,7 +128,7 @@ def show_task_fits(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
     return figure
 
 
-def show_gd_and_transformer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0,
+def show_gd_and_transformer(eta: float = 0.6, d: int = 10, n: int = 20, sigma: float = 0.0,
                             num_steps: int = 8, num_tasks: int = 2000, seed: int = 0):
     """GD's loss per step beside the GD-constructed transformer's loss per layer (chapter 1).
 
@@ -163,7 +164,7 @@ def show_gd_and_transformer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: f
     return figure
 
 
-def show_one_step_loss(n: int = 20, d: int = 10, sigma: float = 1.0, train_steps: int = 200, seed: int = 0):
+def show_one_step_loss(d: int = 10, n: int = 20, sigma: float = 1.0, train_steps: int = 200, seed: int = 0):
     """The loss of one GD step as a function of ``eta``, its optimum, and a trained layer's step (chapter 2).
 
     The curve is the closed form :func:`~icl_course.theory.one_step_loss` with ``c = eta / n``;
