@@ -150,6 +150,7 @@ class ModelStack:
 
     @property
     def num_models(self) -> int:
+        """How many models the stack holds now."""
         return next(iter(self.params.values())).shape[0]
 
     def select(self, keep: torch.Tensor) -> None:

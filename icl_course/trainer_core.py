@@ -55,6 +55,7 @@ class AdamState:
 
     @classmethod
     def zeros(cls, params: dict) -> "AdamState":
+        """The state before the first step: zero moments shaped like ``params`` (M, ...), no steps."""
         first = next(iter(params.values()))
         return cls({name: torch.zeros_like(value) for name, value in params.items()},
                    {name: torch.zeros_like(value) for name, value in params.items()},

@@ -205,7 +205,8 @@ def test_the_shipped_results_are_complete_scored_on_enough_tasks_and_match_the_p
 def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complete():
     """``icl-course table1 --budget cpu`` as shipped (depths 1-4; its README has the cells)."""
     config = json.loads((SHIPPED["cpu"] / "results.json").read_text())["config"]
-    assert config["budget"] == BUDGETS["cpu"].as_dict()   # made by the budget as it stands
+    # made by the budget as it stands (its description, words, may have changed since)
+    assert dict(config["budget"], description=None) == dict(BUDGETS["cpu"].as_dict(), description=None)
     assert config["device"] == "cpu" and config["seconds"] <= 3600   # the issue's target on 2 cores
     rows = load_results("cpu")
     cells = {(row["variant"], row["depth"], row["column"]): row for row in rows if row["depth"] is not None}
@@ -572,23 +573,23 @@ def test_the_candidates_of_a_deep_cell_are_compared_on_as_many_tasks_as_it_is_sc
         assert evaluation["selected"][cell] == pick_candidate(estimates, deep)
 
 
-def benchmark(name: str):
-    """A script of benchmarks/ imported as a module (the folder is not a package)."""
+def research_script(name: str):
+    """A script of research/ imported as a module (the folder is not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / "research" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_deeper_cpu_benchmark_budget_runs_at_every_depth_it_accepts(tmp_path):
-    deeper_cpu = benchmark("deeper_cpu")
+def test_the_deeper_cpu_research_budget_runs_at_every_depth_it_accepts(tmp_path):
+    deeper_cpu = research_script("deeper_cpu")
     for depth in range(4, 8):
         budget = deeper_cpu.deeper_budget(depth, [0])
-        # the 3-layer recipe as it made benchmarks/README.md's tables: no deepened candidates, Full at 1e-4
+        # the 3-layer recipe as it made research/README.md's tables: no deepened candidates, Full at 1e-4
         assert budget.settings(depth) == dict(BUDGETS["cpu"].settings(3), deepen=None, nested_learning_rate={})
         assert "deepen" not in budget.as_dict() and "nested_learning_rate" not in budget.as_dict()
     # the budget passes the command's checks and trains (a few steps, one column)
@@ -656,10 +657,10 @@ def test_a_depth_can_deepen_the_selected_shallower_model_alone(tmp_path, bars):
     assert not (tmp_path / "other").exists()
 
 
-def test_the_deepened_start_benchmark_reads_a_shipped_runs_selected_models(capsys):
+def test_the_deepened_start_script_reads_a_shipped_runs_selected_models(capsys):
     import types
 
-    deepened_start = benchmark("deepened_start")
+    deepened_start = research_script("deepened_start")
     args = types.SimpleNamespace(depth=2, columns=["2", "{1,3}"])
     starts = deepened_start.selected_models("cpu", args, "gdpp")
     assert list(starts) == ["2", "{1,3}"]

@@ -104,7 +104,10 @@ def _deepening_dict(value) -> Optional[dict]:
 class Budget:
     """How much training and evaluation a run of the table gets.
 
-    Per-depth settings are dicts ``{depth: value}`` (or one value for all depths).
+    Per-depth settings are dicts ``{depth: value}`` (or one value for all depths).  Why the named budgets
+    have the settings they have (learning rates, the unclipped phase, nested and deepened starts, scoring
+    deep cells on a million tasks) is in the dated entries of ``research/README.md`` in the repository,
+    each with its question, command and finding.
     """
 
     name: str
@@ -120,7 +123,7 @@ class Budget:
     dtype: object = "float32"
     init_from_shallower: bool = True
     unclipped_steps: object = 0   # a last phase without clipping or the spike rule, for heavy tails ...
-    unclipped_learning_rate: float = 1e-4   # ... at this constant rate (benchmarks/README.md)
+    unclipped_learning_rate: float = 1e-4   # ... at this constant rate (research/README.md)
     nested_init: object = False   # True: Diag starts from the trained GD++ of its cell, Full from Diag (unclipped
     #                               only); or the variants that do, e.g. ("full",) keeps a clipped Diag
     nested_learning_rate: object = None   # the nested variants' constant rate, e.g. {"full": 1e-5}; a variant
@@ -135,6 +138,8 @@ class Budget:
     description: str = ""
 
     def settings(self, depth: int) -> dict:
+        """The per-depth settings at ``depth``, checked and in plain types (steps, rate, warm-up, dtype,
+        unclipped steps, nested variants and rates, the :class:`Deepening`)."""
         return {"steps": int(_per_depth(self.steps, depth)),
                 "learning_rate": float(_per_depth(self.learning_rate, depth)),
                 "warmup_steps": int(_per_depth(self.warmup_steps, depth)),
@@ -150,6 +155,7 @@ class Budget:
         return tuple(_per_depth(self.seeds, depth))
 
     def as_dict(self) -> dict:
+        """The budget as JSON-ready data, as a run's ``config.json`` records it."""
         data = asdict(self)
         for key in ("steps", "learning_rate", "warmup_steps", "dtype", "seeds", "unclipped_steps", "nested_init"):
             if isinstance(data[key], dict):
@@ -193,7 +199,7 @@ BUDGETS = {
         deepen={1: None, 2: None, 3: Deepening(),
                 4: Deepening(variants=("gdpp", "diag"), positions=(0, 2), start="selected")},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
-        description="depths 1-4 on a 2-core CPU in under an hour, the recipe of benchmarks/README.md"),
+        description="depths 1-4 on a 2-core CPU in under an hour, the recipe of research/README.md"),
     "gpu": Budget(
         "gpu", depths=(1, 2, 3, 4, 5, 6, 7), seeds=(0, 1),
         steps={1: 2000, 2: 6000, 3: 12000, 4: 12000, 5: 12000, 6: 12000, 7: 12000},
@@ -202,7 +208,7 @@ BUDGETS = {
         final_fraction=0.01, dtype={1: "float32", 2: "float32", 3: "float64", 4: "float64", 5: "float64",
                                     6: "float64", 7: "float64"},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, checkpoint_every=1000,
-        description="the whole table on one GPU in minutes: our recipe (benchmarks/README.md)"),
+        description="the whole table on one GPU in minutes: our recipe (research/README.md)"),
     "paper": Budget(
         "paper", depths=(1, 2, 3, 4, 5, 6, 7), seeds=(0, 1, 2, 3, 4), steps=200_000, learning_rate=1e-4,
         batch_size=2048, schedule="constant", clip_norm=None, init_from_shallower=False,
@@ -413,7 +419,7 @@ def plan_stack(budget: Budget, depth: int, variant: str, variants: Sequence[str]
                 models.append(PlannedModel(name, column, seed, "deepened", shallower, tags[tag], deepening.steps,
                                            deepening.learning_rate, deepening.warmup_steps, budget.schedule))
             elif variant in settings["nested_init"] and smaller in done:
-                # the smaller model's function, then only the unclipped phase (benchmarks/README.md)
+                # the smaller model's function, then only the unclipped phase (research/README.md)
                 rate = settings["nested_learning_rate"].get(variant, budget.unclipped_learning_rate)
                 models.append(PlannedModel(name, column, seed, "widened", smaller, None,
                                            settings["unclipped_steps"], rate, 0, "constant"))

@@ -31,6 +31,7 @@ class Candidate:
 
     @property
     def finished(self) -> bool:
+        """Whether it trained to its last step (a diverged model competes only when no other can)."""
         return self.status == "finished"
 
     @property

@@ -7,7 +7,7 @@ stack (:func:`icl_course.sweep.train_sweep`), and every model is scored on 1 000
 final fraction of the cosine, precision, clipping, and initialisation (small random weights, larger
 random weights, or the trained model one layer shallower with a fresh last layer).
 
-Run (GPU):  python benchmarks/deep_recipe.py --device cuda --steps 8000 --out results/
+Run (GPU):  python research/deep_recipe.py --device cuda --steps 8000 --out results/
 """
 
 from __future__ import annotations
