@@ -705,3 +705,37 @@ def test_the_plan_of_a_stack_says_where_every_model_starts_without_training():
     assert [(m.name, m.source, m.position, m.num_steps) for m in deepened.models] == [
         ("gdpp-L4-u5-s0-d0", "gdpp-L3-u5-s1", 0, 2000), ("gdpp-L4-u5-s0-d2", "gdpp-L3-u5-s1", 2, 2000)]
     assert deepened.unstarted == {"gdpp-L4-u6-s0-d0": "gdpp-L3-u6-s0", "gdpp-L4-u6-s0-d2": "gdpp-L3-u6-s0"}
+
+
+def test_jobs_split_the_table_into_processes_the_way_the_shipped_gpu_run_was_made():
+    from icl_course.table1 import job_groups
+
+    six = job_groups("gpu", 6)          # one process per variant and half of the columns
+    assert [(name, variants, columns[0], len(columns)) for name, variants, columns in six] == [
+        (f"{variant}-{half}", [variant], COLUMNS[5 * half], 5) for variant in ("gdpp", "diag", "full")
+        for half in (0, 1)]
+    # the cpu budget nests Diag and Full in GD++'s folder: its variants stay together
+    assert {tuple(variants) for _, variants, _ in job_groups("cpu", 6)} == {("gdpp", "diag", "full")}
+    for budget in ("quick", "cpu", "gpu"):
+        for jobs in (1, 2, 4, 7, 40):
+            groups = job_groups(budget, jobs)
+            assert len(groups) <= jobs
+            for variant in table1.VARIANTS:      # every cell in exactly one process
+                covered = [column for _, variants, columns in groups if variant in variants for column in columns]
+                assert covered == list(COLUMNS)
+    with pytest.raises(Table1Error, match="--jobs takes a number of processes"):
+        job_groups("gpu", 0)
+
+
+@pytest.mark.slow
+def test_the_command_with_jobs_trains_in_processes_and_scores_the_merged_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli(["table1", "--budget", "quick", "--depths", "1", "--device", "cpu", "--jobs", "2", "--out",
+                str(out)]) == 0
+    assert sorted(path.name for path in (out / "jobs").iterdir()) == ["all-0", "all-1"]
+    rows = load_results(out)
+    assert len(rows) == 3 * 10 + 3 * 10 and {row["depth"] for row in rows} == {1, None}
+    assert (out / "figure.png").is_file()
+    with pytest.raises(SystemExit):      # the jobs share out every variant and column themselves
+        cli(["table1", "--budget", "quick", "--jobs", "2", "--columns", "1", "--out", str(tmp_path / "other")])
+    assert "leave out --variants and --columns" in capsys.readouterr().err

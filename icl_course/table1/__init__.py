@@ -46,13 +46,14 @@ from .budget import BUDGETS, Budget, Deepening, StackPlan, Table1Error, check_ru
 from .candidate import Candidate
 from .paper import BASELINES, COLUMN_IDS, COLUMNS, PAPER, PAPER_BASELINES, VARIANTS, D, N, cell_name, model_name
 from .report import SHIPPED, load_results, load_table1_model, markdown_table
-from .run import merge_runs, run_table1
+from .run import job_groups, merge_runs, run_in_jobs, run_table1
 from .select import pick_candidate
 from .training import append_layer
 
 __all__ = ["PAPER", "PAPER_BASELINES", "COLUMNS", "COLUMN_IDS", "VARIANTS", "BASELINES", "BUDGETS", "SHIPPED", "D",
            "N", "Budget", "Deepening", "StackPlan", "Candidate", "Table1Error", "column_noise", "model_name",
-           "cell_name", "check_run", "plan_stack", "pick_candidate", "append_layer", "run_table1", "merge_runs",
+           "cell_name", "check_run", "plan_stack", "pick_candidate", "append_layer", "run_table1", "run_in_jobs",
+           "job_groups", "merge_runs",
            "load_results", "load_table1_model", "markdown_table"]
 
 

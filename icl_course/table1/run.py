@@ -1,9 +1,12 @@
-"""Running Table 1 end to end (:func:`run_table1`), and gathering runs made in parts (:func:`merge_runs`)."""
+"""Running Table 1 end to end (:func:`run_table1`), in several processes side by side (:func:`run_in_jobs`,
+the command's ``--jobs N``), and gathering runs made in parts (:func:`merge_runs`)."""
 
 from __future__ import annotations
 
+import json
 import platform
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -14,7 +17,7 @@ import torch
 
 from ..runtime import resolve_device
 from .budget import BUDGETS, Budget, Table1Error, check_run
-from .files import prepare_out, seconds_so_far
+from .files import prepare_out, seconds_so_far, write_json
 from .paper import COLUMNS, VARIANTS, D, N, model_name
 from .report import result_rows, write_outputs
 from .select import evaluate_column
@@ -103,6 +106,7 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
     out = Path(out)
     config = {"budget": replace(chosen, depths=tuple(depths)).as_dict(), "variants": list(VARIANTS),
               "columns": list(COLUMNS), "d": D, "n": N}
+    _forget_fewer_depths(out / "config.json", config)
     prepare_out(out, config)
     for depth in depths:
         seeds = chosen.seeds_at(depth)
@@ -114,3 +118,77 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
                 if found.startswith(name) and found[len(name):-len(".pt")].isdigit():
                     shutil.copy2(models[found], out / "models" / found)
     return tuple(depths)
+
+
+def _forget_fewer_depths(path: Path, config: dict) -> None:
+    """A merged folder gathered before the runs finished more depths takes the new depths (its models are
+    copies, replaced by the merge, and its scores are redone for the new candidates)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    def without_depths(data):
+        return dict(data, budget=dict(data["budget"], depths=None, description=None))
+
+    if isinstance(saved, dict) and isinstance(saved.get("budget"), dict) and \
+            without_depths(saved) == without_depths(config):
+        write_json(path, config)
+
+
+def job_groups(budget: str, jobs: int) -> list[tuple[str, list, list]]:
+    """How ``jobs`` processes share the table: ``[(folder name, variants, columns)]``.
+
+    One stack of tiny models is launch-bound on a GPU, so processes side by side train faster than one.
+    From 3 jobs on each variant gets its own processes, each on a contiguous part of the columns (6 jobs: one
+    per variant and half of the columns, how the shipped ``gpu`` run was made); with fewer, or for a budget
+    with nested starts (Diag from the trained GD++, Full from Diag), the variants stay together and only the
+    columns are split.  Never more processes than ``jobs``, nor than one per column and variant group.
+    """
+    if budget not in BUDGETS:
+        raise Table1Error(f"unknown budget {budget!r}; choose one of {', '.join(BUDGETS)}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise Table1Error(f"--jobs takes a number of processes, 1 or more; got {jobs!r}")
+    chosen = BUDGETS[budget]
+    nested = any(chosen.settings(depth)["nested_init"] for depth in chosen.depths)
+    together = nested or jobs < len(VARIANTS)
+    groups = {"all": list(VARIANTS)} if together else {variant: [variant] for variant in VARIANTS}
+    parts = min(len(COLUMNS), max(1, jobs // len(groups)))
+    size, extra = divmod(len(COLUMNS), parts)
+    bounds = [sum(size + (index < extra) for index in range(part)) for part in range(parts + 1)]
+    return [(f"{group}-{part}", variants, list(COLUMNS[bounds[part]:bounds[part + 1]]))
+            for group, variants in groups.items() for part in range(parts)]
+
+
+def run_in_jobs(out, budget: str = "gpu", device: str = "auto", jobs: int = 6,
+                depths: Optional[Sequence[int]] = None, time_limit: Optional[float] = None, verbose: bool = True,
+                figure: Optional[Callable] = None) -> list[dict]:
+    """Train the table in ``jobs`` processes of the command side by side (:func:`job_groups`), each into a
+    folder of its own under ``out/jobs``, then gather (:func:`merge_runs`) and score the depths they all
+    finished in ``out``; returns its rows.
+
+    Run again with the same arguments to resume (after ``time_limit`` seconds the processes are stopped;
+    finished models are kept).  The models are not bit-identical to a one-process run: a stack's task
+    stream depends on which models share it; the recipe, budget and seeds are the same.
+    """
+    groups = job_groups(budget, jobs)
+    work = Path(out) / "jobs"
+    processes = []
+    for name, variants, columns in groups:
+        command = [sys.executable, "-m", "icl_course", "table1", "--budget", budget, "--device", device,
+                   "--variants", *variants, "--columns", *columns, "--out", str(work / name), "--no-progress"]
+        if depths:
+            command += ["--depths", *map(str, depths)]
+        processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=None if verbose
+                                          else subprocess.DEVNULL))
+    deadline = None if time_limit is None else time.monotonic() + time_limit    # one limit for all of them
+    for process in processes:
+        try:
+            process.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:   # finished models are on disk; a rerun resumes the rest
+            process.kill()
+            process.wait()
+    gathered = merge_runs(sorted(work / name for name, _, _ in groups), out, budget)
+    if not gathered:
+        raise Table1Error(f"no depth was finished by every one of the {len(groups)} jobs; run the same command "
+                          f"again to resume from {out}")
+    return run_table1(out, budget, device, depths=gathered, progress=False, verbose=verbose, figure=figure)
