@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "icl_course"
 SCIENCE = ("data", "models", "memformer", "baselines", "optimizers", "theory", "evaluate", "linalg", "mixed_noise",
            "checkpoints", "runtime")
 #: modules that train, select and score (``table1.cli`` is the command, an interface)
-PIPELINES = ("train", "trainer_core", "sweep", "table1", "pretrained")
+PIPELINES = ("train", "trainer_core", "sweep", "table1", "shipped")
 #: what the notebooks see: figures and sliders
 INTERFACE = ("plots", "widgets")
 

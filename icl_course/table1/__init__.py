@@ -35,6 +35,8 @@ What :func:`run_table1` does, and what it writes under ``out``:
 Killed at any moment and run again with the same ``out``, it redoes no finished model or column and
 loses at most ``checkpoint_every`` steps of a stack in training.  ``out`` remembers its configuration
 (``config.json``) and refuses a run with another.
+With ``--jobs N`` (:func:`run_in_jobs`) the command trains in ``N`` processes side by side (faster on a GPU,
+where one stack of tiny models leaves it mostly idle) and scores the merged folder (:func:`merge_runs`).
 
 The package's modules, from the bottom up: :mod:`~icl_course.table1.paper` (the paper's numbers),
 :mod:`~icl_course.table1.budget` (budgets and the plan of a stack), :mod:`~icl_course.table1.files`,
