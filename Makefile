@@ -55,7 +55,7 @@ instructor-lab: $(STAMP)
 
 # pyflakes, pycodestyle and import order (the rule set is in pyproject.toml)
 lint: $(STAMP)
-	$(BIN)/ruff check icl_course tests benchmarks chapters solutions
+	$(BIN)/ruff check icl_course tests benchmarks research chapters solutions
 
 # everything: the linter, the package's tests and every chapter and answer key under nbval
 test: lint

@@ -9,6 +9,8 @@ One module per concept, each importable on its own:
 * :mod:`icl_course.theory`: closed forms;
 * :mod:`icl_course.evaluate`: losses with standard errors;
 * :mod:`icl_course.train`: training with checkpoints and resumption;
+* :mod:`icl_course.sweep`, :mod:`icl_course.table1`: many models trained as one, and Table 1 of Vladymyrov et al.
+  (2024) by one command; :mod:`icl_course.trainer_core`: the schedule, spike rule and Adam step they share;
 * :mod:`icl_course.checkpoints`: saving and loading models;
 * :mod:`icl_course.plots`, :mod:`icl_course.widgets`: figures and sliders for the notebooks;
 * :mod:`icl_course.checks` and :mod:`icl_course.grading`: exercises and their grading.
@@ -19,14 +21,10 @@ from .baselines import (
                         BayesOptimal,
                         ConstRR,
                         TunedRR,
-                        conjugate_gradient,
-                        gradient_descent,
                         least_squares,
-                        newton_inverse,
                         noise_variance_estimate,
                         oracle_ridge,
                         ridge,
-                        tune_step_sizes,
 )
 from .checkpoints import CheckpointError, load_checkpoint, load_model, save_checkpoint
 from .data import CategoricalNoise, FixedNoise, RegressionTasks, TaskBatch, UniformNoise, context_gram
@@ -42,6 +40,7 @@ from .evaluate import (
                         sampled_query_loss,
 )
 from .models import LinearSelfAttention, LinearTransformer, ModelOutput, deepen, gd_construction, widen
+from .optimizers import conjugate_gradient, gradient_descent, newton_inverse, tune_step_sizes
 from .runtime import make_generator, resolve_device, resolve_dtype
 from .train import TrainingDiverged, TrainingHistory, train
 

@@ -14,7 +14,7 @@ def main(argv=None) -> int:
               "  table1   reproduce Table 1 of Vladymyrov et al. 2024 (icl-course table1 --help)")
         return 0 if argv else 2
     if argv[0] == "table1":
-        from .table1 import main as table1_main
+        from .table1.cli import main as table1_main
         return table1_main(argv[1:])
     if argv[0] != "grade":
         print(f"icl-course: unknown command {argv[0]!r}; the commands are 'grade' and 'table1'", file=sys.stderr)

@@ -18,7 +18,6 @@ The iterative optimisers (gradient descent, conjugate gradient, Newton's iterati
 :func:`~icl_course.optimizers.tune_step_sizes`) live in :mod:`icl_course.optimizers`.  They are
 not learners of this kind: they take the tensors ``X, y`` and return the whole path of iterates,
 (B, num_steps + 1, d), so that a chapter can set step ``l`` beside a transformer's layer ``l``.
-They are importable from here too.
 
 Tuning uses one eigendecomposition of ``Sigma`` per task, after which the ridge solution
 for any ``ridge_lambda`` costs O(d) per task: a whole grid of values is cheap.
@@ -39,7 +38,6 @@ from .data import (
     context_of,
 )
 from .linalg import solve_positive_definite
-from .optimizers import conjugate_gradient, gradient_descent, newton_inverse, tune_step_sizes  # noqa: F401
 
 __all__ = [
     "least_squares",

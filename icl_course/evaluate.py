@@ -33,6 +33,7 @@ from .runtime import make_generator
 
 __all__ = [
     "Estimate",
+    "mean_and_stderr",
     "query_averaged_loss",
     "sampled_query_loss",
     "expected_loss",
@@ -62,9 +63,8 @@ class Estimate:
     def from_samples(cls, values) -> "Estimate":
         """The mean of independent per-task values (a (N,) tensor or sequence) and its standard error."""
         values = torch.as_tensor(values, dtype=torch.float64).flatten()
-        if values.numel() < 2:
-            raise ValueError(f"a standard error needs at least 2 values, got {values.numel()}")
-        return cls(float(values.mean()), float(values.std() / math.sqrt(values.numel())), values.numel())
+        mean, stderr = mean_and_stderr(values)
+        return cls(float(mean), float(stderr), values.numel())
 
     def __str__(self) -> str:
         return f"{self.mean:.4g} ± {self.stderr:.2g}"
@@ -73,6 +73,18 @@ class Estimate:
         if not spec:
             return str(self)
         return f"{format(self.mean, spec)} ± {format(self.stderr, spec)}"
+
+
+def mean_and_stderr(samples: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Monte-Carlo mean of independent samples along ``dim`` and its standard error, entry by entry.
+
+    Shapes: (N, ...) -> two tensors (...), the mean and ``std / sqrt(N)`` (the unbiased standard deviation);
+    :meth:`Estimate.from_samples` is the one-number case.
+    """
+    count = samples.shape[dim]
+    if count < 2:
+        raise ValueError(f"a standard error needs at least 2 samples, got {count}")
+    return samples.mean(dim), samples.std(dim) / math.sqrt(count)
 
 
 def default_num_tasks(*predictors) -> int:

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import torch
 
-from .baselines import gradient_descent, least_squares, ridge
+from .baselines import least_squares, ridge
 from .data import FixedNoise, RegressionTasks, UniformNoise
 from .evaluate import Estimate, query_averaged_loss
 from .memformer import MODELS, SETTINGS, Memformer, cg_coefficients, final_losses, paper_tasks
 from .models import LinearTransformer, gd_construction
-from .optimizers import conjugate_gradient
+from .optimizers import conjugate_gradient, gradient_descent
+from .table1.budget import column_noise
+from .table1.paper import BASELINES, COLUMNS, PAPER, VARIANTS
 
 __all__ = ["setup_notebook", "readable_log_axis", "plot_estimates", "plot_task_fits", "show_task_fits",
            "show_gd_and_transformer", "show_one_step_loss", "show_gdpp_spectrum", "show_diag_profile",
-           "show_cg_coefficients", "plot_memformer_comparison"]
+           "show_cg_coefficients", "plot_memformer_comparison", "plot_table1"]
 
 COLORS = {
     "least squares": "#4c72b0", "oracle ridge": "#222222", "ridge": "#222222", "ConstRR": "#dd8452",
@@ -115,7 +118,7 @@ def plot_task_fits(batch, weights: Mapping[str, torch.Tensor], queries: torch.Te
 
 # -- the figures behind the widgets (icl_course.widgets puts sliders on them) ----------------------
 
-def show_task_fits(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
+def show_task_fits(d: int = 5, n: int = 20, sigma: float = 0.5, seed: int = 0):
     """Sample one task and draw the least-squares and oracle-ridge fits (chapter 0).
 
     With ``n < d`` least squares is undefined and is left out; with ``sigma = 0`` as well,
@@ -138,7 +141,7 @@ def show_task_fits(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
     return figure
 
 
-def show_gd_and_transformer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0,
+def show_gd_and_transformer(eta: float = 0.6, d: int = 10, n: int = 20, sigma: float = 0.0,
                             num_steps: int = 8, num_tasks: int = 2000, seed: int = 0):
     """GD's loss per step beside the GD-constructed transformer's loss per layer (chapter 1).
 
@@ -175,7 +178,7 @@ def show_gd_and_transformer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: f
     return figure
 
 
-def show_one_step_loss(n: int = 20, d: int = 10, sigma: float = 1.0, train_steps: int = 200, seed: int = 0):
+def show_one_step_loss(d: int = 10, n: int = 20, sigma: float = 1.0, train_steps: int = 200, seed: int = 0):
     """The loss of one GD step as a function of ``eta``, its optimum, and a trained layer's step (chapter 2).
 
     The curve is the closed form :func:`~icl_course.theory.one_step_loss` with ``c = eta / n``;
@@ -366,4 +369,50 @@ def plot_memformer_comparison(results: dict):
     handles, labels = axes[0, 0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=9, frameon=False)
     figure.tight_layout(rect=(0, 0.08, 1, 1))
+
+
+def plot_table1(rows: Sequence[dict], path=None):
+    """Table 1 of Vladymyrov et al. (2024) as a figure: adjusted loss against depth, one panel per column.
+
+    ``rows`` are those of :func:`icl_course.table1.run_table1` or :func:`icl_course.table1.load_results`; ours
+    solid with error bars, the paper's dashed, the baselines as horizontal lines.  With ``path`` the figure
+    is saved there (PNG) and closed.
+    """
+    columns = [column for column in COLUMNS if any(row["column"] == column for row in rows)]
+    figure, axes = plt.subplots(2, math.ceil(len(columns) / 2), figsize=(3.2 * math.ceil(len(columns) / 2), 6),
+                                squeeze=False, sharex=True)
+    colors = {variant: COLORS[name] for variant, name in VARIANTS.items()}
+    for ax, column in zip(axes.flat, columns):
+        for variant in VARIANTS:
+            mine = sorted((row for row in rows if row["variant"] == variant and row["column"] == column),
+                          key=lambda row: row["depth"])
+            if not mine:
+                continue
+            depths = [row["depth"] for row in mine]
+            ax.errorbar(depths, [max(row["adjusted_loss"], 1e-13) for row in mine],
+                        yerr=[row["stderr"] for row in mine], color=colors[variant], marker="o", ms=3,
+                        label=f"{VARIANTS[variant]} (ours)")
+            paper = [PAPER[variant][depth][COLUMNS.index(column)] for depth in range(1, 8)]
+            ax.plot(range(1, 8), [max(value, 1e-13) for value in paper], color=colors[variant], ls="--", lw=0.8,
+                    label=f"{VARIANTS[variant]} (paper)")
+        for name in BASELINES:
+            row = next((row for row in rows if row["variant"] == name and row["column"] == column), None)
+            if row is not None and row["adjusted_loss"] > 0:
+                ax.axhline(row["adjusted_loss"], color=COLORS.get(name), lw=1, ls=":", label=name)
+        ax.set_yscale("log")
+        ax.set_title(f"sigma in {column_noise(column).label}", fontsize=9)
+        ax.set_xlabel("layers")
+        ax.set_ylabel("adjusted loss")
+    for ax in list(axes.flat)[len(columns):]:
+        ax.axis("off")
+    legend = {}   # from every panel: a baseline at 0 (AdaRR, TunedRR when sigma = 0) is drawn in none of some
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
+    figure.legend(handles, labels, loc="lower center", ncol=min(len(labels), 9), fontsize=8)
+    figure.tight_layout(rect=(0, 0.06, 1, 1))
+    if path is not None:
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
     return figure

@@ -7,7 +7,8 @@ every parameter carries a leading *model axis*: ``M`` models are one set of tens
 ``(M, L, H, ...)``, each model draws its own batch of tasks from its own noise law, and one
 batched forward and backward pass per step trains them all.  Each model keeps its own learning-rate
 schedule, its own gradient clipping and its own Adam state, so the result is what ``M`` separate
-runs of Adam would give (the task stream differs, the algorithm does not).
+runs of Adam would give (the task stream differs, the algorithm does not).  The schedule, the spike rule and
+the masked Adam step are :mod:`icl_course.trainer_core`'s, shared with :func:`icl_course.train.train`.
 
 Models leave the stack when they finish (each may have its own number of steps) or diverge, and
 the others go on.  Divergence is judged per model with a spike-tolerant rule: a step whose loss is
@@ -28,7 +29,6 @@ query-averaged ``1/2 ||w^L - w||^2``.
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 import time
@@ -42,10 +42,10 @@ from .checkpoints import CheckpointError
 from .data import CategoricalNoise, FixedNoise, NoiseDistribution, UniformNoise, as_noise
 from .models import LinearTransformer
 from .runtime import check_count, resolve_device, resolve_dtype
+from .trainer_core import SCHEDULES, AdamState, adam_step, schedule_factor, spiked
 
 __all__ = ["ModelSpec", "SweepResult", "ModelStack", "train_sweep", "SCHEDULES", "noise_key"]
 
-SCHEDULES = ("constant", "cosine")
 SWEEP_FORMAT = "icl-course-sweep"
 SWEEP_VERSION = 1
 
@@ -119,16 +119,6 @@ class SweepResult:
     message: str = ""
 
 
-def _schedule_factor(step: torch.Tensor, num_steps: torch.Tensor, warmup: torch.Tensor,
-                     cosine: torch.Tensor, final_fraction: float) -> torch.Tensor:
-    """Per-model learning-rate multiplier at per-model ``step`` (all (M,) float64 tensors)."""
-    warm = (step + 1) / warmup.clamp(min=1)
-    progress = ((step - warmup) / (num_steps - warmup).clamp(min=1)).clamp(0, 1)
-    decay = final_fraction + (1 - final_fraction) * 0.5 * (1 + torch.cos(math.pi * progress))
-    decay = torch.where(cosine, decay, torch.ones_like(decay))
-    return torch.where(step < warmup, warm, decay)
-
-
 class ModelStack:
     """``M`` linear transformers of one shape as tensors with a leading model axis.
 
@@ -160,6 +150,7 @@ class ModelStack:
 
     @property
     def num_models(self) -> int:
+        """How many models the stack holds now."""
         return next(iter(self.params.values())).shape[0]
 
     def select(self, keep: torch.Tensor) -> None:
@@ -264,6 +255,209 @@ def _atomic_save(payload: dict, path: Path) -> None:
             os.remove(temporary)
 
 
+class _SweepState:
+    """A sweep in training: the stack, its task stream, and one row of state per model still in it.
+
+    ``active`` are the spec indices of the models in the stack (all of them on a fresh start); every
+    tensor but ``steps`` (per spec, CPU) has one row per active model.
+    """
+
+    def __init__(self, specs: Sequence[ModelSpec], stack: ModelStack, stream: _TaskStream, median_window: int):
+        M, device = len(specs), stack.device
+        self.specs, self.stack, self.stream, self.median_window = list(specs), stack, stream, median_window
+        self.active = list(range(M))
+        self.steps = torch.zeros(M, dtype=torch.long)
+        self.adam = AdamState.zeros(stack.params)
+        self.recent = torch.full((M, median_window), float("nan"), dtype=torch.float64, device=device)
+        self.bad_run = torch.zeros(M, dtype=torch.long, device=device)
+        self.skipped = torch.zeros(M, dtype=torch.long, device=device)
+        self.window_sum = torch.zeros(M, dtype=torch.float64, device=device)
+        self.window_count = torch.zeros(M, dtype=torch.float64, device=device)
+        self.histories = {spec.name: [] for spec in specs}
+        self.results: dict[str, SweepResult] = {}
+        self.elapsed_before = 0.0
+        self.started = time.perf_counter()
+        self.refresh_schedule()
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def refresh_schedule(self) -> None:
+        """The active models' schedules as (M,) tensors."""
+        chosen, device = [self.specs[i] for i in self.active], self.stack.device
+        self.base_rate, self.total_steps, self.warmup = (
+            torch.tensor(values, dtype=torch.float64, device=device)
+            for values in ([s.learning_rate for s in chosen], [s.num_steps for s in chosen],
+                           [s.warmup_steps for s in chosen]))
+        self.cosine = torch.tensor([s.schedule == "cosine" for s in chosen], device=device)
+
+    def step(self, batch_size: int, clip_norm: Optional[float], spike_factor: float, final_fraction: float) -> None:
+        """One step of every active model; a model whose loss breaks the spike rule skips it."""
+        stack, device = self.stack, self.stack.device
+        step_now = self.steps[torch.tensor(self.active, dtype=torch.long)].to(device=device, dtype=torch.float64)
+        rate = self.base_rate * schedule_factor(step_now, self.total_steps, self.warmup, self.cosine, final_fraction)
+        gram, w = self.stream.sample(batch_size)
+        per_model = 0.5 * ((stack.final_weights(gram) - w) ** 2).sum(-1).mean(-1)            # (M,)
+        loss_values = per_model.detach().double()
+        good = ~spiked(loss_values, torch.nanmedian(self.recent, dim=1).values, spike_factor)
+        for value in stack.params.values():
+            value.grad = None
+        torch.where(torch.isfinite(loss_values), per_model, torch.zeros_like(per_model)).sum().backward()
+        with torch.no_grad():
+            grads = {name: torch.nan_to_num(value.grad, nan=0.0, posinf=0.0, neginf=0.0)
+                     for name, value in stack.params.items()}
+            if clip_norm is not None:
+                norm = torch.sqrt(sum((g.double() ** 2).flatten(1).sum(1) for g in grads.values()))
+                scale = torch.clamp(clip_norm / (norm + 1e-12), max=1.0)
+            else:
+                scale = torch.ones_like(loss_values)
+            clipped = {name: g * scale.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)) for name, g in grads.items()}
+            updates, self.adam = adam_step(clipped, self.adam, rate, good)
+            for name, value in stack.params.items():
+                value.sub_(updates[name])
+            slot = int(self.steps[self.active[0]]) % self.median_window
+            self.recent[:, slot] = torch.where(good, loss_values, self.recent[:, slot])
+            self.bad_run = torch.where(good, torch.zeros_like(self.bad_run), self.bad_run + 1)
+            self.skipped = self.skipped + (~good).long()
+            self.window_sum = self.window_sum + torch.where(good, loss_values, torch.zeros_like(loss_values))
+            self.window_count = self.window_count + good.double()
+        for i in self.active:
+            self.steps[i] += 1
+
+    def log(self, patience: int, spike_factor: float) -> tuple[torch.Tensor, dict]:
+        """Close the logging window: each active model's mean loss over it (in its history), and
+        ``{position: ("diverged", why)}`` of the models whose patience ran out."""
+        means = (self.window_sum / self.window_count.clamp(min=1)).cpu()
+        runs = self.bad_run.cpu()
+        for position, i in enumerate(self.active):
+            self.histories[self.specs[i].name].append((int(self.steps[i]), float(means[position])))
+        self.window_sum.zero_()
+        self.window_count.zero_()
+        diverged = {}
+        for position, i in enumerate(self.active):
+            if int(runs[position]) >= patience:
+                diverged[position] = ("diverged", f"{int(runs[position])} steps in a row had a non-finite loss or "
+                                      f"one above {spike_factor:g}x the running median (at step {int(self.steps[i])})")
+        return means, diverged
+
+    def leave(self, leaving: dict, on_leave: Optional[Callable[[SweepResult], None]]) -> None:
+        """Remove the stack rows ``leaving`` (``{position: (status, message)}``), recording their results."""
+        skipped = self.skipped.cpu()
+        for position in sorted(leaving):
+            spec = self.specs[self.active[position]]
+            history = self.histories[spec.name]
+            final = history[-1][1] if history else float("nan")
+            status, message = leaving[position]
+            result = SweepResult(spec.name, self.stack.to_model(position, spec.seed), status,
+                                 int(self.steps[self.active[position]]), final, self.elapsed(), history,
+                                 int(skipped[position]), message)
+            self.results[spec.name] = result
+            if on_leave is not None:
+                on_leave(result)
+        keep = [position for position in range(len(self.active)) if position not in leaving]
+        index = torch.tensor(keep, dtype=torch.long, device=self.stack.device)
+        self.active = [self.active[position] for position in keep]
+        if not self.active:
+            return
+        self.stack.select(index)
+        self.adam = self.adam.select(index)
+        self.recent, self.bad_run, self.skipped = self.recent[index], self.bad_run[index], self.skipped[index]
+        self.window_sum, self.window_count = self.window_sum[index], self.window_count[index]
+        self.stream.set_noises([self.specs[i].noise for i in self.active])
+        self.refresh_schedule()
+
+    def state_dict(self, configuration: dict) -> dict:
+        """Everything a resumed sweep needs (the format of version 1 checkpoints)."""
+        return {
+            "format": SWEEP_FORMAT, "version": SWEEP_VERSION, "configuration": configuration,
+            "active": list(self.active), "steps": self.steps.clone(),
+            "params": {name: value.detach().cpu() for name, value in self.stack.params.items()},
+            "moments": {name: value.cpu() for name, value in self.adam.moments.items()},
+            "squares": {name: value.cpu() for name, value in self.adam.squares.items()},
+            "adam_steps": self.adam.steps.cpu(), "recent": self.recent.cpu(), "bad_run": self.bad_run.cpu(),
+            "skipped": self.skipped.cpu(), "window_sum": self.window_sum.cpu(),
+            "window_count": self.window_count.cpu(),
+            "histories": {key: [list(entry) for entry in value] for key, value in self.histories.items()},
+            "elapsed": self.elapsed(), "generator": self.stream.generator.get_state(),
+            "results": {name: {"state": result.model.state_dict(), "status": result.status,
+                               "steps": result.steps, "final_loss": result.final_loss,
+                               "wall_time": result.wall_time, "skipped": result.skipped_steps,
+                               "message": result.message, "seed": self.specs[self.index_of(name)].seed}
+                        for name, result in self.results.items()},
+        }
+
+    def index_of(self, name: str) -> int:
+        return next(index for index, spec in enumerate(self.specs) if spec.name == name)
+
+    def load(self, saved: dict, shape: tuple) -> None:
+        """Continue from a checkpoint's :meth:`state_dict` (``shape``: ``(d, num_layers, num_heads,
+        parameterization)`` for the models that already left)."""
+        device, dtype = self.stack.device, self.stack.dtype
+        self.active = list(saved["active"])
+        self.steps = saved["steps"].clone()
+        self.stack.params = {name: value.to(device=device, dtype=dtype).requires_grad_(True)
+                             for name, value in saved["params"].items()}
+        self.adam = AdamState({name: value.to(device=device, dtype=dtype) for name, value in saved["moments"].items()},
+                              {name: value.to(device=device, dtype=dtype) for name, value in saved["squares"].items()},
+                              saved["adam_steps"].to(device))
+        self.recent, self.bad_run = saved["recent"].to(device), saved["bad_run"].to(device)
+        self.skipped = saved["skipped"].to(device)
+        self.window_sum, self.window_count = saved["window_sum"].to(device), saved["window_count"].to(device)
+        self.histories = {key: [tuple(entry) for entry in value] for key, value in saved["histories"].items()}
+        self.elapsed_before = saved["elapsed"]
+        self.stream.set_noises([self.specs[i].noise for i in self.active])
+        self.stream.generator.set_state(saved["generator"])
+        for name, entry in saved["results"].items():
+            model = LinearTransformer(*shape, init_scale=0.0, seed=entry["seed"], dtype=torch.float64, device="cpu")
+            model.load_state_dict(entry["state"])
+            self.results[name] = SweepResult(name, model, entry["status"], entry["steps"], entry["final_loss"],
+                                             entry["wall_time"], self.histories.get(name, []), entry["skipped"],
+                                             entry["message"])
+        self.refresh_schedule()
+
+
+def _read_sweep_checkpoint(path: Path, configuration: dict) -> dict:
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise CheckpointError(f"{path} could not be read as a sweep checkpoint ({type(error).__name__}); "
+                              "delete it to start this sweep over") from None
+    if not isinstance(saved, dict) or saved.get("format") != SWEEP_FORMAT:
+        raise CheckpointError(f"{path} is not a sweep checkpoint; pass another path")
+    if saved["configuration"] != configuration:
+        differ = [key for key in configuration if saved["configuration"].get(key) != configuration[key]]
+        raise CheckpointError(f"{path} belongs to another sweep (it differs in {', '.join(differ)}); "
+                              "pass another checkpoint path, or delete the file to start over")
+    return saved
+
+
+def _initial_models(specs: Sequence[ModelSpec], d: int, num_layers: int, num_heads: int, parameterization: str,
+                    init_scale: float) -> list[LinearTransformer]:
+    """Each spec's starting weights: its seed's initialisation, or its ``init``."""
+    models = []
+    for spec in specs:
+        model = LinearTransformer(d, num_layers, num_heads, parameterization, init_scale, spec.seed,
+                                  dtype=torch.float64, device="cpu")
+        if spec.init is not None:
+            if spec.init.config["num_layers"] != num_layers or spec.init.config["parameterization"] != parameterization:
+                raise ValueError(f"{spec.name}: init must be a {num_layers}-layer {parameterization!r} model")
+            model.load_state_dict({key: value.double().cpu() for key, value in spec.init.state_dict().items()})
+        models.append(model)
+    return models
+
+
+def _check_sweep(specs: Sequence[ModelSpec], batch_size: int, checkpoint_every: int, log_every: int,
+                 patience: int) -> None:
+    if not specs:
+        raise ValueError("train_sweep needs at least one ModelSpec")
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise ValueError("every ModelSpec needs a unique name")
+    for value, name in ((batch_size, "batch_size"), (checkpoint_every, "checkpoint_every"),
+                        (log_every, "log_every"), (patience, "patience")):
+        check_count(value, name)
+
+
 def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers: int = 1,
                 parameterization: str = "diag", num_heads: int = 1, batch_size: int = 2048,
                 init_scale: float = 0.02, clip_norm: Optional[float] = 1.0, final_fraction: float = 0.0,
@@ -290,239 +484,57 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
         on_leave: called with each :class:`SweepResult` the moment its model leaves the stack.
     """
     specs = list(specs)
-    if not specs:
-        raise ValueError("train_sweep needs at least one ModelSpec")
-    names = [spec.name for spec in specs]
-    if len(set(names)) != len(names):
-        raise ValueError("every ModelSpec needs a unique name")
-    check_count(batch_size, "batch_size")
-    check_count(checkpoint_every, "checkpoint_every")
-    check_count(log_every, "log_every")
-    check_count(patience, "patience")
+    _check_sweep(specs, batch_size, checkpoint_every, log_every, patience)
     dtype, device = resolve_dtype(dtype), resolve_device(device)
-    models = []
-    for spec in specs:
-        model = LinearTransformer(d, num_layers, num_heads, parameterization, init_scale, spec.seed,
-                                  dtype=torch.float64, device="cpu")
-        if spec.init is not None:
-            if spec.init.config["num_layers"] != num_layers or spec.init.config["parameterization"] != parameterization:
-                raise ValueError(f"{spec.name}: init must be a {num_layers}-layer {parameterization!r} model")
-            model.load_state_dict({key: value.double().cpu() for key, value in spec.init.state_dict().items()})
-        models.append(model)
-    stack = ModelStack(models, dtype=dtype, device=device)
-    configuration = {"d": d, "n": n, "num_layers": num_layers, "parameterization": parameterization,
-                     "num_heads": num_heads, "batch_size": batch_size, "init_scale": init_scale,
-                     "clip_norm": clip_norm, "final_fraction": final_fraction, "spike_factor": spike_factor,
-                     "patience": patience, "dtype": str(dtype), "seed": seed,
-                     "models": [spec.key() for spec in specs]}
-
-    M = len(specs)
-    active = list(range(M))                      # indices into specs of the models in the stack
-    steps = torch.zeros(M, dtype=torch.long)     # steps taken per model (CPU)
-    moments = {name: torch.zeros_like(value) for name, value in stack.params.items()}
-    squares = {name: torch.zeros_like(value) for name, value in stack.params.items()}
-    adam_steps = torch.zeros(M, dtype=torch.float64, device=device)
-    recent = torch.full((M, median_window), float("nan"), dtype=torch.float64, device=device)
-    bad_run = torch.zeros(M, dtype=torch.long, device=device)
-    skipped = torch.zeros(M, dtype=torch.long, device=device)
-    window_sum = torch.zeros(M, dtype=torch.float64, device=device)
-    window_count = torch.zeros(M, dtype=torch.float64, device=device)
-    histories = {spec.name: [] for spec in specs}
-    results: dict[str, SweepResult] = {}
-    elapsed_before = 0.0
-    stream = _TaskStream([spec.noise for spec in specs], d, n, dtype, device, seed)
-
+    stack = ModelStack(_initial_models(specs, d, num_layers, num_heads, parameterization, init_scale),
+                       dtype=dtype, device=device)
+    # what a checkpoint must match to be resumed
+    configuration = dict(d=d, n=n, num_layers=num_layers, parameterization=parameterization, num_heads=num_heads,
+                         batch_size=batch_size, init_scale=init_scale, clip_norm=clip_norm,
+                         final_fraction=final_fraction, spike_factor=spike_factor, patience=patience,
+                         dtype=str(dtype), seed=seed, models=[spec.key() for spec in specs])
+    state = _SweepState(specs, stack, _TaskStream([spec.noise for spec in specs], d, n, dtype, device, seed),
+                        median_window)
     path = None if checkpoint is None else Path(checkpoint)
     if path is not None and path.exists():
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:
-            raise CheckpointError(f"{path} could not be read as a sweep checkpoint ({type(error).__name__}); "
-                                  "delete it to start this sweep over") from None
-        if not isinstance(saved, dict) or saved.get("format") != SWEEP_FORMAT:
-            raise CheckpointError(f"{path} is not a sweep checkpoint; pass another path")
-        if saved["configuration"] != configuration:
-            differ = [key for key in configuration if saved["configuration"].get(key) != configuration[key]]
-            raise CheckpointError(f"{path} belongs to another sweep (it differs in {', '.join(differ)}); "
-                                  "pass another checkpoint path, or delete the file to start over")
-        active = list(saved["active"])
-        steps = saved["steps"].clone()
-        stack.params = {name: value.to(device=device, dtype=dtype).requires_grad_(True)
-                        for name, value in saved["params"].items()}
-        moments = {name: value.to(device=device, dtype=dtype) for name, value in saved["moments"].items()}
-        squares = {name: value.to(device=device, dtype=dtype) for name, value in saved["squares"].items()}
-        adam_steps, recent = saved["adam_steps"].to(device), saved["recent"].to(device)
-        bad_run, skipped = saved["bad_run"].to(device), saved["skipped"].to(device)
-        window_sum, window_count = saved["window_sum"].to(device), saved["window_count"].to(device)
-        histories = {key: [tuple(entry) for entry in value] for key, value in saved["histories"].items()}
-        elapsed_before = saved["elapsed"]
-        stream.set_noises([specs[i].noise for i in active])
-        stream.generator.set_state(saved["generator"])
-        for name, entry in saved["results"].items():
-            model = LinearTransformer(d, num_layers, num_heads, parameterization, 0.0, entry["seed"],
-                                      dtype=torch.float64, device="cpu")
-            model.load_state_dict(entry["state"])
-            results[name] = SweepResult(name, model, entry["status"], entry["steps"], entry["final_loss"],
-                                        entry["wall_time"], histories.get(name, []), entry["skipped"],
-                                        entry["message"])
+        state.load(_read_sweep_checkpoint(path, configuration), (d, num_layers, num_heads, parameterization))
+        state.started = time.perf_counter()
 
-    started = time.perf_counter()
-
-    def elapsed() -> float:
-        return elapsed_before + time.perf_counter() - started
-
-    def rows():
-        """The spec indices of the models in the stack."""
-        return torch.tensor(active, dtype=torch.long)
-
-    # The state tensors have one row per model in the stack (all of them on a fresh start).
-    def spec_tensor(values, kind=torch.float64):
-        return torch.tensor(values, dtype=kind, device=device)
-
-    def refresh_schedule():
-        chosen = [specs[i] for i in active]
-        return (spec_tensor([s.learning_rate for s in chosen]), spec_tensor([s.num_steps for s in chosen]),
-                spec_tensor([s.warmup_steps for s in chosen]),
-                torch.tensor([s.schedule == "cosine" for s in chosen], device=device))
-
-    base_rate, total_steps, warmup, cosine = refresh_schedule()
-
-    def save_state():
-        if path is None:
-            return
-        payload = {
-            "format": SWEEP_FORMAT, "version": SWEEP_VERSION, "configuration": configuration,
-            "active": list(active), "steps": steps.clone(),
-            "params": {name: value.detach().cpu() for name, value in stack.params.items()},
-            "moments": {name: value.cpu() for name, value in moments.items()},
-            "squares": {name: value.cpu() for name, value in squares.items()},
-            "adam_steps": adam_steps.cpu(), "recent": recent.cpu(), "bad_run": bad_run.cpu(),
-            "skipped": skipped.cpu(), "window_sum": window_sum.cpu(), "window_count": window_count.cpu(),
-            "histories": {key: [list(entry) for entry in value] for key, value in histories.items()},
-            "elapsed": elapsed(), "generator": stream.generator.get_state(),
-            "results": {name: {"state": result.model.state_dict(), "status": result.status,
-                               "steps": result.steps, "final_loss": result.final_loss,
-                               "wall_time": result.wall_time, "skipped": result.skipped_steps,
-                               "message": result.message, "seed": specs[names.index(name)].seed}
-                        for name, result in results.items()},
-        }
-        _atomic_save(payload, path)
-
-    def leave(positions: list[int], statuses: dict):
-        """Remove the stack rows ``positions``, recording their results."""
-        nonlocal active, moments, squares, adam_steps, recent, bad_run, skipped, window_sum, window_count
-        nonlocal base_rate, total_steps, warmup, cosine
-        skipped_cpu = skipped.cpu()
-        for position in positions:
-            spec = specs[active[position]]
-            history = histories[spec.name]
-            final = history[-1][1] if history else float("nan")
-            status, message = statuses[position]
-            result = SweepResult(spec.name, stack.to_model(position, spec.seed), status,
-                                 int(steps[active[position]]), final, elapsed(), history,
-                                 int(skipped_cpu[position]), message)
-            results[spec.name] = result
-            if on_leave is not None:
-                on_leave(result)
-        keep = [position for position in range(len(active)) if position not in set(positions)]
-        index = torch.tensor(keep, dtype=torch.long, device=device)
-        active = [active[position] for position in keep]
-        if not active:
-            return
-        stack.select(index)
-        moments = {name: value[index] for name, value in moments.items()}
-        squares = {name: value[index] for name, value in squares.items()}
-        adam_steps, recent, bad_run, skipped = adam_steps[index], recent[index], bad_run[index], skipped[index]
-        window_sum, window_count = window_sum[index], window_count[index]
-        stream.set_noises([specs[i].noise for i in active])
-        base_rate, total_steps, warmup, cosine = refresh_schedule()
-
+    def describe() -> str:
+        return f"{parameterization} L={num_layers} ({len(state.active)} models)"
     bar = None
     if progress is True:
         from tqdm.auto import tqdm
-        bar = tqdm(total=max(spec.num_steps for spec in specs), initial=int(steps[rows()].min()) if active else 0,
-                   desc=f"{parameterization} L={num_layers} ({len(active)} models)", dynamic_ncols=True)
-    beta1, beta2, eps = 0.9, 0.999, 1e-8
-    last_saved = int(steps.max())
+        bar = tqdm(total=max(spec.num_steps for spec in specs), dynamic_ncols=True, desc=describe(),
+                   initial=int(state.steps[torch.tensor(state.active, dtype=torch.long)].min()) if state.active else 0)
+    last_saved = int(state.steps.max())
     try:
-        while active:
-            step_now = steps[rows()].to(device=device, dtype=torch.float64)
-            rate = base_rate * _schedule_factor(step_now, total_steps, warmup, cosine, final_fraction)
-            gram, w = stream.sample(batch_size)
-            estimate = stack.final_weights(gram)
-            per_model = 0.5 * ((estimate - w) ** 2).sum(-1).mean(-1)            # (M,)
-            loss_values = per_model.detach().double()
-            median = torch.nanmedian(recent, dim=1).values
-            finite = torch.isfinite(loss_values)
-            spike = finite & ~torch.isnan(median) & (loss_values > spike_factor * median)
-            good = finite & ~spike
-            for value in stack.params.values():
-                value.grad = None
-            torch.where(finite, per_model, torch.zeros_like(per_model)).sum().backward()
-            with torch.no_grad():
-                grads = {name: torch.nan_to_num(value.grad, nan=0.0, posinf=0.0, neginf=0.0)
-                         for name, value in stack.params.items()}
-                if clip_norm is not None:
-                    norm = torch.sqrt(sum((g.double() ** 2).flatten(1).sum(1) for g in grads.values()))
-                    scale = torch.clamp(clip_norm / (norm + 1e-12), max=1.0)
-                else:
-                    scale = torch.ones_like(loss_values)
-                adam_steps = adam_steps + good.double()
-                t = adam_steps.clamp(min=1)
-                correction1, correction2 = 1 - beta1 ** t, 1 - beta2 ** t
-                for name, value in stack.params.items():
-                    shape = (-1,) + (1,) * (value.dim() - 1)
-                    mask = good.view(shape)
-                    g = grads[name] * scale.to(value.dtype).view(shape)
-                    new_moment = beta1 * moments[name] + (1 - beta1) * g
-                    new_square = beta2 * squares[name] + (1 - beta2) * g * g
-                    moments[name] = torch.where(mask, new_moment, moments[name])
-                    squares[name] = torch.where(mask, new_square, squares[name])
-                    update = (rate / correction1).to(value.dtype).view(shape) * moments[name] / (
-                        (squares[name] / correction2.to(value.dtype).view(shape)).sqrt() + eps)
-                    value.sub_(torch.where(mask, update, torch.zeros_like(update)))
-                slot = int(steps[active[0]]) % median_window
-                recent[:, slot] = torch.where(good, loss_values, recent[:, slot])
-                bad_run = torch.where(good, torch.zeros_like(bad_run), bad_run + 1)
-                skipped = skipped + (~good).long()
-                window_sum = window_sum + torch.where(good, loss_values, torch.zeros_like(loss_values))
-                window_count = window_count + good.double()
-            for i in active:
-                steps[i] += 1
-            current = int(steps[active[0]])
+        while state.active:
+            state.step(batch_size, clip_norm, spike_factor, final_fraction)
+            current = int(state.steps[state.active[0]])
             if bar is not None:
                 bar.update(1)
-            finished = [p for p, i in enumerate(active) if int(steps[i]) >= specs[i].num_steps]
-            logging = current % log_every == 0 or finished
+            finished = [p for p, i in enumerate(state.active) if int(state.steps[i]) >= specs[i].num_steps]
             leaving = {}
-            if logging:
-                means = (window_sum / window_count.clamp(min=1)).cpu()
-                runs = bad_run.cpu()
-                for position, i in enumerate(active):
-                    histories[specs[i].name].append((int(steps[i]), float(means[position])))
-                window_sum.zero_()
-                window_count.zero_()
-                for position, i in enumerate(active):
-                    if int(runs[position]) >= patience:
-                        leaving[position] = ("diverged", f"{int(runs[position])} steps in a row had a "
-                                             f"non-finite loss or one above {spike_factor:g}x the running median "
-                                             f"(at step {int(steps[i])})")
-                if bar is not None and len(active):
-                    shown = ", ".join(f"{float(m):.3g}" for m in means[: min(4, len(active))])
-                    bar.set_postfix_str(f"loss {shown}{' ...' if len(active) > 4 else ''}")
+            if current % log_every == 0 or finished:
+                means, leaving = state.log(patience, spike_factor)
+                if bar is not None and len(state.active):
+                    shown = ", ".join(f"{float(m):.3g}" for m in means[: min(4, len(state.active))])
+                    bar.set_postfix_str(f"loss {shown}{' ...' if len(state.active) > 4 else ''}")
                 if callable(progress) and progress is not True:
-                    progress(current, {specs[i].name: float(means[p]) for p, i in enumerate(active)})
+                    progress(current, {specs[i].name: float(means[p]) for p, i in enumerate(state.active)})
             for position in finished:
                 leaving.setdefault(position, ("finished", ""))
             if leaving:
-                leave(sorted(leaving), leaving)
+                state.leave(leaving, on_leave)
                 if bar is not None:
-                    bar.set_description(f"{parameterization} L={num_layers} ({len(active)} models)")
-            if active and current - last_saved >= checkpoint_every:
-                save_state()
+                    bar.set_description(describe())
+            if state.active and path is not None and current - last_saved >= checkpoint_every:
+                _atomic_save(state.state_dict(configuration), path)
                 last_saved = current
     finally:
         if bar is not None:
             bar.close()
-    save_state()
-    return {name: results[name] for name in names if name in results}
+    if path is not None:
+        _atomic_save(state.state_dict(configuration), path)
+    return {spec.name: state.results[spec.name] for spec in specs if spec.name in state.results}

@@ -27,10 +27,9 @@ from .data import RegressionTasks
 from .evaluate import query_averaged_loss
 from .models import LinearTransformer
 from .runtime import check_count, make_generator
+from .trainer_core import SCHEDULES, schedule_factor, spiked
 
 __all__ = ["train", "TrainingHistory", "TrainingDiverged", "learning_rate_factor"]
-
-SCHEDULES = ("constant", "cosine")
 
 
 class TrainingDiverged(RuntimeError):
@@ -66,13 +65,13 @@ class TrainingHistory:
 
 
 def learning_rate_factor(step: int, num_steps: int, schedule: str, warmup_steps: int) -> float:
-    """The multiplier of the base learning rate at ``step``: linear warm-up, then the schedule."""
-    if warmup_steps and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    progress = (step - warmup_steps) / max(1, num_steps - warmup_steps)
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    """The multiplier of the base learning rate at ``step``: linear warm-up, then the schedule (a cosine
+    to 0); :func:`icl_course.trainer_core.schedule_factor` for one model, the sweep's schedule too."""
+    def number(value):
+        return torch.tensor([value], dtype=torch.float64)
+
+    return float(schedule_factor(number(step), number(num_steps), number(warmup_steps),
+                                 torch.tensor([schedule == "cosine"]))[0])
 
 
 def _settings_differ(saved: dict, current: dict) -> list[str]:
@@ -121,17 +120,20 @@ def _resume(checkpoint, model, optimizer, generator, settings: dict) -> tuple[in
 
 
 class _DivergenceRule:
-    """Stop on a non-finite loss, or when the loss stays above ``factor`` times the first loss for
-    ``patience`` steps in a row.  Deep models see single-batch spikes (one ill-conditioned task,
-    amplified by the polynomial the model computes) that training recovers from; a rule that
-    stopped at the first spike would end good runs."""
+    """Stop on a non-finite loss, or when the loss breaks the spike rule
+    (:func:`~icl_course.trainer_core.spiked`) against the first loss for ``patience`` steps in a row.
+    Deep models see single-batch spikes (one ill-conditioned task, amplified by the polynomial the model
+    computes) that training recovers from; a rule that stopped at the first spike would end good runs.
+    Unlike the sweep, which skips a spiked step and measures against the running median, one model
+    takes every step: the shipped chapter-1 models were trained so."""
 
     def __init__(self, factor: float, patience: int, reference: Optional[float]):
         self.factor, self.patience, self.reference, self.bad_steps = factor, patience, reference, 0
 
     def check(self, step: int, value: float, learning_rate: float) -> None:
         self.reference = value if self.reference is None else self.reference
-        exploded = value > self.factor * max(self.reference, 1e-12)
+        exploded = bool(spiked(torch.tensor([value], dtype=torch.float64),
+                               torch.tensor([max(self.reference, 1e-12)], dtype=torch.float64), self.factor))
         self.bad_steps = self.bad_steps + 1 if exploded else 0
         if not math.isfinite(value) or self.bad_steps >= self.patience:
             raise TrainingDiverged(

@@ -45,7 +45,7 @@ _LABEL_WIDTH = "12em"
 _CONTROL_WIDTH = "34em"
 
 
-def task_explorer(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
+def task_explorer(d: int = 5, n: int = 20, sigma: float = 0.5, seed: int = 0):
     """Sliders for ``n``, ``d``, ``sigma`` and the seed around :func:`show_task_fits`."""
     import ipywidgets as widgets
 
@@ -58,7 +58,7 @@ def task_explorer(n: int = 20, d: int = 5, sigma: float = 0.5, seed: int = 0):
     )
 
 
-def gd_explorer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0):
+def gd_explorer(eta: float = 0.6, d: int = 10, n: int = 20, sigma: float = 0.0):
     """Sliders for the step size, ``n``, ``d`` and the noise around :func:`show_gd_and_transformer`."""
     import ipywidgets as widgets
 
@@ -71,7 +71,7 @@ def gd_explorer(eta: float = 0.6, n: int = 20, d: int = 10, sigma: float = 0.0):
     )
 
 
-def step_size_explorer(n: int = 20, d: int = 10, sigma: float = 1.0):
+def step_size_explorer(d: int = 10, n: int = 20, sigma: float = 1.0):
     """Sliders for ``n``, ``d`` and ``sigma`` around :func:`show_one_step_loss`."""
     import ipywidgets as widgets
 

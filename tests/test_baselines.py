@@ -185,7 +185,7 @@ def test_singular_problems_get_a_clear_message():
 
 
 def test_conjugate_gradient_reaches_least_squares_in_d_steps_and_beats_gd_on_the_way(float64_tasks):
-    from icl_course.baselines import conjugate_gradient
+    from icl_course.optimizers import conjugate_gradient
     batch = float64_tasks(d=6, n=15, noise=0.5).sample(32, seed=4)
     iterates = conjugate_gradient(batch.X, batch.y, num_steps=6)
     assert iterates.shape == (32, 7, 6) and not iterates[:, 0].any()
@@ -205,7 +205,7 @@ def test_conjugate_gradient_reaches_least_squares_in_d_steps_and_beats_gd_on_the
 
 
 def test_newton_inverse_squares_its_error_every_step():
-    from icl_course.baselines import newton_inverse
+    from icl_course.optimizers import newton_inverse
     generator = torch.Generator().manual_seed(0)
     rotation, _ = torch.linalg.qr(torch.randn(5, 5, generator=generator, dtype=torch.float64))
     S = rotation @ torch.diag(torch.tensor([1.0, 2.0, 5.0, 20.0, 50.0], dtype=torch.float64)) @ rotation.T

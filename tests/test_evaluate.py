@@ -126,3 +126,19 @@ def test_estimate_from_samples_is_the_mean_and_its_standard_error():
     assert estimate.stderr == pytest.approx(float(values.std()) / 2)
     with pytest.raises(ValueError, match="at least 2"):
         Estimate.from_samples([1.0])
+
+
+def test_mean_and_stderr_is_the_estimate_of_every_entry():
+    from icl_course.evaluate import mean_and_stderr
+
+    samples = torch.randn(500, 3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) ** 3
+    mean, stderr = mean_and_stderr(samples)
+    assert mean.shape == stderr.shape == (3, 2)
+    for i in range(3):
+        for j in range(2):
+            estimate = Estimate.from_samples(samples[:, i, j])
+            # equal up to the order of the sums (a strided reduction rounds differently in the last bit)
+            assert estimate.mean == pytest.approx(mean[i, j].item(), rel=1e-12)
+            assert estimate.stderr == pytest.approx(stderr[i, j].item(), rel=1e-12)
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        mean_and_stderr(samples[:1])

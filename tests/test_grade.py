@@ -706,8 +706,8 @@ def test_the_command_asks_for_solutions_when_the_package_has_none_beside_it(tmp_
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("module", ["icl_course.grade", "icl_course.exercises"])
-def test_the_old_module_paths_still_run(module):
+@pytest.mark.parametrize("module", ["icl_course.grading.grade", "icl_course.grading.exercises"])
+def test_the_module_commands_run(module):
     import subprocess
     import sys
     result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)

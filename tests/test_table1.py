@@ -9,6 +9,7 @@ import torch
 from icl_course import RegressionTasks, table1
 from icl_course.__main__ import main as cli
 from icl_course.evaluate import adjusted_loss
+from icl_course.plots import plot_table1
 from icl_course.table1 import (
     BUDGETS,
     COLUMNS,
@@ -19,6 +20,7 @@ from icl_course.table1 import (
     load_results,
     load_table1_model,
     run_table1,
+    training,
 )
 
 # a pipeline check with tiny numbers: two columns, two depths, every variant, two seeds
@@ -48,7 +50,7 @@ def test_the_paper_table_is_complete_and_consistent():
 
 def test_tiny_table_end_to_end_then_resume_and_refuse(tmp_path):
     out = tmp_path / "run"
-    rows = run_table1(out, "quick", device="cpu", **TINY)
+    rows = run_table1(out, "quick", device="cpu", figure=plot_table1, **TINY)
     for name in ("results.json", "results.csv", "table.md", "figure.png", "models.pt", "config.json"):
         assert (out / name).is_file(), name
     trained = [row for row in rows if row["depth"] is not None]
@@ -123,7 +125,7 @@ def test_a_killed_run_resumes_without_redoing_finished_models(tmp_path, monkeypa
     out = tmp_path / "run"
     options = dict(TINY, seeds=(0,), columns=["2"])
     calls = []
-    original = table1.train_sweep
+    original = training.train_sweep
 
     def killed_on_the_fourth_stack(specs, **kwargs):
         calls.append(specs[0].name)
@@ -131,13 +133,13 @@ def test_a_killed_run_resumes_without_redoing_finished_models(tmp_path, monkeypa
             raise KeyboardInterrupt
         return original(specs, **kwargs)
 
-    monkeypatch.setattr(table1, "train_sweep", killed_on_the_fourth_stack)
+    monkeypatch.setattr(training, "train_sweep", killed_on_the_fourth_stack)
     with pytest.raises(KeyboardInterrupt):
         run_table1(out, "quick", device="cpu", **options)
     assert sorted(path.name for path in (out / "models").iterdir()) == \
         ["diag-L1-u2-s0.pt", "full-L1-u2-s0.pt", "gdpp-L1-u2-s0.pt"]
     calls.clear()
-    monkeypatch.setattr(table1, "train_sweep", lambda specs, **kwargs: (calls.append(specs[0].name),
+    monkeypatch.setattr(training, "train_sweep", lambda specs, **kwargs: (calls.append(specs[0].name),
                                                                          original(specs, **kwargs))[1])
     rows = run_table1(out, "quick", device="cpu", **options)
     assert calls == ["gdpp-L2-u2-s0", "diag-L2-u2-s0", "full-L2-u2-s0"]   # depth 1 was not trained again
@@ -203,7 +205,8 @@ def test_the_shipped_results_are_complete_scored_on_enough_tasks_and_match_the_p
 def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complete():
     """``icl-course table1 --budget cpu`` as shipped (depths 1-4; its README has the cells)."""
     config = json.loads((SHIPPED["cpu"] / "results.json").read_text())["config"]
-    assert config["budget"] == BUDGETS["cpu"].as_dict()   # made by the budget as it stands
+    # made by the budget as it stands (its description, words, may have changed since)
+    assert dict(config["budget"], description=None) == dict(BUDGETS["cpu"].as_dict(), description=None)
     assert config["device"] == "cpu" and config["seconds"] <= 3600   # the issue's target on 2 cores
     rows = load_results("cpu")
     cells = {(row["variant"], row["depth"], row["column"]): row for row in rows if row["depth"] is not None}
@@ -341,7 +344,7 @@ def test_merge_runs_gathers_the_depths_every_run_finished(tmp_path):
                 for column in COLUMNS:
                     if (depth, variant, column) == (3, variants[0], COLUMNS[-1]):
                         continue                     # one model of depth 3 never finished
-                    name = table1._model_name(variant, depth, column, budget.seeds_at(depth)[0])
+                    name = table1.model_name(variant, depth, column, budget.seeds_at(depth)[0])
                     (folder / "models" / f"{name}.pt").write_bytes(name.encode())
                     if depth > 1 and column == "1":    # a deepened candidate and its unfinished first phase
                         (folder / "models" / f"{name}-d0.pt").write_bytes(name.encode())
@@ -477,7 +480,7 @@ def test_nested_init_can_name_the_variants_that_start_from_the_smaller_one(tmp_p
             run_table1(tmp_path / "other", "quick", device="cpu", **dict(options, nested_learning_rate=bad))
     assert not (tmp_path / "other").exists()
     # one rate per variant for every depth, without the depth keys
-    assert table1.replace(BUDGETS["quick"], nested_learning_rate={"full": 2e-5}).settings(3)[
+    assert replace(BUDGETS["quick"], nested_learning_rate={"full": 2e-5}).settings(3)[
         "nested_learning_rate"] == {"full": 2e-5}
     # a budget without the setting keeps the configuration it had before the setting existed
     assert "nested_learning_rate" not in table1.BUDGETS["gpu"].as_dict()
@@ -541,21 +544,21 @@ def test_deepened_candidates_start_from_the_shallower_model_and_compete_for_the_
 
 def test_a_deep_cell_keeps_a_light_tailed_candidate_over_a_lower_heavy_tailed_mean():
     from icl_course.evaluate import Estimate
-    from icl_course.table1 import _pick_candidate
+    from icl_course.table1 import pick_candidate
 
     # the tuning scores of the cpu run's Full cell at sigma_max = 0, 3 layers, on 1 000 000 tasks
     heavy, light = Estimate(0.01761, 0.00047, 10**6), Estimate(0.02037, 0.00006, 10**6)
-    assert _pick_candidate({"deepened": heavy, "nested": light}, deep=True) == "nested"
-    assert _pick_candidate({"deepened": heavy, "nested": light}, deep=False) == "deepened"
+    assert pick_candidate({"deepened": heavy, "nested": light}, deep=True) == "nested"
+    assert pick_candidate({"deepened": heavy, "nested": light}, deep=False) == "deepened"
     # with no light-tailed candidate the lowest mean wins; a mean that is not finite never does
     worse = Estimate(0.5, 0.4, 10**6)
-    assert _pick_candidate({"deepened": heavy, "other": worse}, deep=True) == "deepened"
-    assert _pick_candidate({"broken": Estimate(math.nan, math.nan, 10), "other": worse}, deep=True) == "other"
+    assert pick_candidate({"deepened": heavy, "other": worse}, deep=True) == "deepened"
+    assert pick_candidate({"broken": Estimate(math.nan, math.nan, 10), "other": worse}, deep=True) == "other"
 
 
 def test_the_candidates_of_a_deep_cell_are_compared_on_as_many_tasks_as_it_is_scored_on(tmp_path):
     from icl_course.evaluate import Estimate
-    from icl_course.table1 import _pick_candidate
+    from icl_course.table1 import pick_candidate
 
     options = dict(TINY, depths=(2, 3), columns=["1"], variants=["diag"], tuning_tasks=1000, eval_tasks=2000,
                    eval_tasks_deep=3000)
@@ -567,26 +570,26 @@ def test_the_candidates_of_a_deep_cell_are_compared_on_as_many_tasks_as_it_is_sc
         "diag-L2-u1-s0": 1000, "diag-L2-u1-s1": 1000, "diag-L3-u1-s0": 3000, "diag-L3-u1-s1": 3000}
     for cell, deep in (("diag-L2", False), ("diag-L3", True)):
         estimates = {name: Estimate(*entry) for name, entry in scores.items() if name.startswith(cell)}
-        assert evaluation["selected"][cell] == _pick_candidate(estimates, deep)
+        assert evaluation["selected"][cell] == pick_candidate(estimates, deep)
 
 
-def benchmark(name: str):
-    """A script of benchmarks/ imported as a module (the folder is not a package)."""
+def research_script(name: str):
+    """A script of research/ imported as a module (the folder is not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / "research" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_deeper_cpu_benchmark_budget_runs_at_every_depth_it_accepts(tmp_path):
-    deeper_cpu = benchmark("deeper_cpu")
+def test_the_deeper_cpu_research_budget_runs_at_every_depth_it_accepts(tmp_path):
+    deeper_cpu = research_script("deeper_cpu")
     for depth in range(4, 8):
         budget = deeper_cpu.deeper_budget(depth, [0])
-        # the 3-layer recipe as it made benchmarks/README.md's tables: no deepened candidates, Full at 1e-4
+        # the 3-layer recipe as it made research/README.md's tables: no deepened candidates, Full at 1e-4
         assert budget.settings(depth) == dict(BUDGETS["cpu"].settings(3), deepen=None, nested_learning_rate={})
         assert "deepen" not in budget.as_dict() and "nested_learning_rate" not in budget.as_dict()
     # the budget passes the command's checks and trains (a few steps, one column)
@@ -654,10 +657,10 @@ def test_a_depth_can_deepen_the_selected_shallower_model_alone(tmp_path, bars):
     assert not (tmp_path / "other").exists()
 
 
-def test_the_deepened_start_benchmark_reads_a_shipped_runs_selected_models(capsys):
+def test_the_deepened_start_script_reads_a_shipped_runs_selected_models(capsys):
     import types
 
-    deepened_start = benchmark("deepened_start")
+    deepened_start = research_script("deepened_start")
     args = types.SimpleNamespace(depth=2, columns=["2", "{1,3}"])
     starts = deepened_start.selected_models("cpu", args, "gdpp")
     assert list(starts) == ["2", "{1,3}"]
@@ -674,3 +677,65 @@ def test_the_deepened_start_benchmark_reads_a_shipped_runs_selected_models(capsy
         deepened_start.main(["--run", "cpu", "--depth", "5", "--deeper", "--variants", "gdpp", "--columns", "2"])
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith("no gdpp model of 5 layers for column 2 in "
                                                                      f"{SHIPPED['cpu'] / 'models.pt'}")
+
+
+def test_the_plan_of_a_stack_says_where_every_model_starts_without_training():
+    from icl_course.table1 import plan_stack
+
+    quick, cpu, variants = BUDGETS["quick"], BUDGETS["cpu"], list(table1.VARIANTS)
+    first = plan_stack(quick, 1, "gdpp", variants, ["1", "{1,3}"], done=set())
+    assert [(m.name, m.start, m.num_steps) for m in first.models] == [("gdpp-L1-u1-s0", "random", 150),
+                                                                       ("gdpp-L1-c13-s0", "random", 150)]
+    assert not first.two_phases and not first.unstarted
+    # a deeper quick model grows from its finished shallower one; a missing one starts from random weights
+    grown = plan_stack(quick, 2, "diag", variants, ["1", "2"], done={"diag-L1-u1-s0"})
+    assert [(m.start, m.source) for m in grown.models] == [("grown", "diag-L1-u1-s0"), ("random", None)]
+    # cpu, 3 layers: Full nests from Diag (the seed and the deepened candidates), unclipped, at its own rate
+    done = {f"diag-L3-u5-s{seed}" for seed in (0, 1)} | {"diag-L3-u5-s0-d0"}
+    nested = plan_stack(cpu, 3, "full", variants, ["5"], done)
+    assert [(m.name, m.start, m.source) for m in nested.models] == [
+        ("full-L3-u5-s0", "widened", "diag-L3-u5-s0"), ("full-L3-u5-s1", "widened", "diag-L3-u5-s1"),
+        ("full-L3-u5-s0-d0", "widened", "diag-L3-u5-s0-d0")]   # -d1's Diag did not finish: no Full either
+    assert {(m.num_steps, m.learning_rate, m.schedule, m.warmup_steps) for m in nested.models} == {
+        (3000, 1e-5, "constant", 0)}
+    assert nested.two_phases
+    # cpu, 4 layers: no seeds; GD++ deepens the selected 3-layer model at positions 0 and 2
+    deepened = plan_stack(cpu, 4, "gdpp", variants, ["5", "6"], done={"gdpp-L3-u5-s1"},
+                          shallower_choice={"5": "gdpp-L3-u5-s1", "6": "gdpp-L3-u6-s0"})
+    assert [(m.name, m.source, m.position, m.num_steps) for m in deepened.models] == [
+        ("gdpp-L4-u5-s0-d0", "gdpp-L3-u5-s1", 0, 2000), ("gdpp-L4-u5-s0-d2", "gdpp-L3-u5-s1", 2, 2000)]
+    assert deepened.unstarted == {"gdpp-L4-u6-s0-d0": "gdpp-L3-u6-s0", "gdpp-L4-u6-s0-d2": "gdpp-L3-u6-s0"}
+
+
+def test_jobs_split_the_table_into_processes_the_way_the_shipped_gpu_run_was_made():
+    from icl_course.table1 import job_groups
+
+    six = job_groups("gpu", 6)          # one process per variant and half of the columns
+    assert [(name, variants, columns[0], len(columns)) for name, variants, columns in six] == [
+        (f"{variant}-{half}", [variant], COLUMNS[5 * half], 5) for variant in ("gdpp", "diag", "full")
+        for half in (0, 1)]
+    # the cpu budget nests Diag and Full in GD++'s folder: its variants stay together
+    assert {tuple(variants) for _, variants, _ in job_groups("cpu", 6)} == {("gdpp", "diag", "full")}
+    for budget in ("quick", "cpu", "gpu"):
+        for jobs in (1, 2, 4, 7, 40):
+            groups = job_groups(budget, jobs)
+            assert len(groups) <= jobs
+            for variant in table1.VARIANTS:      # every cell in exactly one process
+                covered = [column for _, variants, columns in groups if variant in variants for column in columns]
+                assert covered == list(COLUMNS)
+    with pytest.raises(Table1Error, match="--jobs takes a number of processes"):
+        job_groups("gpu", 0)
+
+
+@pytest.mark.slow
+def test_the_command_with_jobs_trains_in_processes_and_scores_the_merged_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli(["table1", "--budget", "quick", "--depths", "1", "--device", "cpu", "--jobs", "2", "--out",
+                str(out)]) == 0
+    assert sorted(path.name for path in (out / "jobs").iterdir()) == ["all-0", "all-1"]
+    rows = load_results(out)
+    assert len(rows) == 3 * 10 + 3 * 10 and {row["depth"] for row in rows} == {1, None}
+    assert (out / "figure.png").is_file()
+    with pytest.raises(SystemExit):      # the jobs share out every variant and column themselves
+        cli(["table1", "--budget", "quick", "--jobs", "2", "--columns", "1", "--out", str(tmp_path / "other")])
+    assert "leave out --variants and --columns" in capsys.readouterr().err

@@ -7,7 +7,7 @@ stack (:func:`icl_course.sweep.train_sweep`), and every model is scored on 1 000
 final fraction of the cosine, precision, clipping, and initialisation (small random weights, larger
 random weights, or the trained model one layer shallower with a fresh last layer).
 
-Run (GPU):  python benchmarks/deep_recipe.py --device cuda --steps 8000 --out results/
+Run (GPU):  python research/deep_recipe.py --device cuda --steps 8000 --out results/
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from icl_course import LinearTransformer, RegressionTasks
 from icl_course.evaluate import adjusted_losses
 from icl_course.sweep import ModelSpec, train_sweep
-from icl_course.table1 import COLUMNS, PAPER, _grown, column_noise
+from icl_course.table1 import COLUMNS, PAPER, append_layer, column_noise
 
 # name: (learning rate, schedule, warm-up, final fraction, dtype, clip, init)
 RECIPES = {
@@ -85,7 +85,7 @@ def main(argv=None):
                 for s in range(args.seeds):
                     init = None
                     if recipe[6] == "grown":
-                        init = _grown(previous[s], seed=s)
+                        init = append_layer(previous[s], seed=s)
                     elif recipe[6] == "random0.1":
                         init = LinearTransformer(10, depth, 1, variant, 0.1, seed=s, dtype=torch.float64, device="cpu")
                     groups.setdefault((recipe[4], recipe[5], recipe[3]), []).append((label, recipe, s, init))

@@ -16,11 +16,11 @@ column this script:
    ``--worst`` largest tasks, the largest task, and the spread of the estimates that samples of
    100 000 tasks (the paper's evaluation size) would have given.
 
-    python benchmarks/full_batch_lbfgs.py --columns 5
-    python benchmarks/full_batch_lbfgs.py --columns 7 --starts 0
-    python benchmarks/full_batch_lbfgs.py --columns 2 --variant gdpp --starts 16
+    python research/full_batch_lbfgs.py --columns 5
+    python research/full_batch_lbfgs.py --columns 7 --starts 0
+    python research/full_batch_lbfgs.py --columns 2 --variant gdpp --starts 16
 
-benchmarks/README.md has the table and what it means for the ``cpu`` budget.
+research/README.md has the table and what it means for the ``cpu`` budget.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ import torch
 
 from icl_course import CheckpointError, expected_loss
 from icl_course.models import LinearSelfAttention
-from icl_course.pretrained import RECIPES, checkpoint_path, load_pretrained, main, make_tasks, recipe, train_pretrained
+from icl_course.shipped import RECIPES, checkpoint_path, load_pretrained, main, make_tasks, recipe, train_pretrained
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -48,7 +48,7 @@ def test_layer_from_matrices_checks_shapes():
 
 
 def test_missing_shipped_checkpoint_says_how_to_make_it(monkeypatch, tmp_path):
-    import icl_course.pretrained as pretrained
-    monkeypatch.setattr(pretrained, "DIRECTORY", tmp_path)
-    with pytest.raises(CheckpointError, match="python -m icl_course.pretrained ch1_full_2_layers"):
+    import icl_course.shipped as shipped
+    monkeypatch.setattr(shipped, "DIRECTORY", tmp_path)
+    with pytest.raises(CheckpointError, match="python -m icl_course.shipped ch1_full_2_layers"):
         load_pretrained("ch1_full_2_layers")

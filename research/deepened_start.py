@@ -10,13 +10,13 @@ each of the four.  This script reads every candidate's checkpoint from the ``mod
 variant's candidates of one column on the same ``--eval-tasks`` fresh tasks, paired with the oracle ridge
 (standard errors over tasks), and prints a Markdown table with the candidate the run selected marked:
 
-    python benchmarks/deepened_start.py --run DIR --variants diag full --eval-tasks 1000000
+    python research/deepened_start.py --run DIR --variants diag full --eval-tasks 1000000
 
 With ``--full-rates``, it instead widens each column's selected Diag model to Full (the same function) and
 trains it ``--steps`` unclipped steps at each rate, as the Full candidates of the run do at 1e-4, and
 scores the Diag start and every Full model on the same tasks:
 
-    python benchmarks/deepened_start.py --run DIR --full-rates 1e-4 3e-5 1e-5 --columns 3 4 5 6 "{1,3}" "{1,3,5}" \
+    python research/deepened_start.py --run DIR --full-rates 1e-4 3e-5 1e-5 --columns 3 4 5 6 "{1,3}" "{1,3,5}" \
         --eval-tasks 200000
 
 With ``--deeper``, it takes the run one layer further the same way: each column's selected model of each of
@@ -24,7 +24,7 @@ With ``--deeper``, it takes the run one layer further the same way: each column'
 (``icl_course.models.deepen``) trains the budget's ``Deepening`` phases (2 000 clipped steps on a cosine from
 1e-3, then ``--steps`` unclipped at 1e-4), and the start and every deeper model are scored on the same tasks:
 
-    python benchmarks/deepened_start.py --run DIR --deeper --variants diag --eval-tasks 1000000
+    python research/deepened_start.py --run DIR --deeper --variants diag --eval-tasks 1000000
 
 ``--deeper`` and ``--full-rates`` also take a shipped run's selected models (``--run cpu``), at any
 ``--depth`` it has: ``--run cpu --depth 2 --deeper --variants gdpp`` starts 3-layer GD++ models from

@@ -4,11 +4,11 @@ Every model starts from small random weights and trains with Adam (batch ``--bat
 cosine decay to 1% of the rate, gradient clipping at norm 1, the sweep's spike rule unless
 ``--spike-factor inf``), then all are scored on ``--eval-tasks`` fresh tasks paired with the oracle
 ridge (Vladymyrov et al. 2024's adjusted loss), with standard errors.  The evidence behind the
-``cpu`` budget of ``icl_course.table1`` (benchmarks/README.md):
+``cpu`` budget of ``icl_course.table1`` (research/README.md):
 
-    python benchmarks/learning_rates.py --variant full --depth 2 --steps 3000 --rates 2e-2 1e-2 2e-3 \
+    python research/learning_rates.py --variant full --depth 2 --steps 3000 --rates 2e-2 1e-2 2e-3 \
         --eval-tasks 100000
-    python benchmarks/learning_rates.py --variant diag --depth 3 --steps 6000 --rates 2e-3 5e-3 1e-2
+    python research/learning_rates.py --variant diag --depth 3 --steps 6000 --rates 2e-3 5e-3 1e-2
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ on.  This script takes them (from a shipped run or any ``icl-course table1 --out
 on, unclipped, with Adam at a constant rate, in segments of fresh tasks; the last segment decays on a
 cosine to 1% of the rate.  After every segment each model is scored on ``--eval-tasks`` fresh tasks
 (paired with the oracle ridge, the same tasks after every segment), so the table shows whether the
-models move towards the paper or wander (benchmarks/README.md has the table):
+models move towards the paper or wander (research/README.md has the table):
 
-    python benchmarks/longer_training.py --run cpu --columns 5 7 "{1,3,5}" --segments 5 \
+    python research/longer_training.py --run cpu --columns 5 7 "{1,3,5}" --segments 5 \
         --segment-steps 5000 --eval-tasks 200000
 """
 
@@ -70,7 +70,7 @@ def main(argv=None):
                                learning_rate=args.rate, schedule=schedule, init=models[(variant, column)])
                      for column in args.columns]
             started = time.perf_counter()
-            # every segment sees fresh tasks; no clipping and no spike rule (benchmarks/README.md says why)
+            # every segment sees fresh tasks; no clipping and no spike rule (research/README.md says why)
             results = train_sweep(specs, d=D, n=N, num_layers=args.depth, parameterization=variant,
                                   batch_size=args.batch, clip_norm=None, spike_factor=math.inf, final_fraction=0.01,
                                   device="cpu", seed=500 + segment, progress=False)

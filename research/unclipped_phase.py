@@ -10,11 +10,11 @@ folder with a ``models.pt``) at one depth and trains, for every column and learn
 * ``full-from-diag``: the run's Diag model widened to Full, trained the same way.
 
 Every model, the run's own included, is then scored on ``--eval-tasks`` fresh tasks paired with the
-oracle ridge, with standard errors (benchmarks/README.md has the tables):
+oracle ridge, with standard errors (research/README.md has the tables):
 
-    python benchmarks/unclipped_phase.py --run DIR --mode continue --steps 1000 --rates 1e-4 3e-4
-    python benchmarks/unclipped_phase.py --run DIR --mode nested --steps 2000 --rates 1e-4 3e-4
-    python benchmarks/unclipped_phase.py --run cpu --mode full-from-diag --depth 2 --columns 3 4 7 "{1,3}" \
+    python research/unclipped_phase.py --run DIR --mode continue --steps 1000 --rates 1e-4 3e-4
+    python research/unclipped_phase.py --run DIR --mode nested --steps 2000 --rates 1e-4 3e-4
+    python research/unclipped_phase.py --run cpu --mode full-from-diag --depth 2 --columns 3 4 7 "{1,3}" \
         --steps 2000 --rates 1e-4 --eval-tasks 100000
 """
 

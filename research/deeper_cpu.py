@@ -6,7 +6,7 @@ the recipe of the budget's 3-layer row (GD++: clipped steps at its rate, then th
 from GD++ and Full from Diag, unclipped only), with fewer seeds to fit in minutes, and scores every
 cell on 1 000 000 tasks, paired with the oracle and the baselines:
 
-    python benchmarks/deeper_cpu.py --depth 4 --seeds 0 --out build/table1-cpu-L4
+    python research/deeper_cpu.py --depth 4 --seeds 0 --out build/table1-cpu-L4
 
 It is an ordinary ``icl-course table1`` run folder (resumed if rerun; ``results.json``, ``table.md``),
 made with the budget ``cpu-deeper``, which ``config.json`` records in full.
@@ -26,7 +26,7 @@ def deeper_budget(depth: int, seeds) -> object:
 
     Without the 3-layer row's deepened candidates (they start from the model one layer shallower, which
     a run of one depth does not train) and with every nested variant at the unclipped rate, 1e-4: the
-    recipe that made the tables of ``benchmarks/README.md``, whose run folders this still resumes.
+    recipe that made the tables of ``research/README.md``, whose run folders this still resumes.
     """
     cpu = BUDGETS["cpu"]
     settings = cpu.settings(3)

@@ -1,12 +1,14 @@
 """Trained models shipped with the package, and the recipes that made them.
 
+The files live in the data folder ``icl_course/pretrained/``; this module reads and remakes them.
+
 Training that takes more than about 20 seconds on a laptop CPU is not run when a notebook
 executes: the notebook loads the checkpoint here instead, and shows the training cell that
 made it (switched off by default).  Every checkpoint is reproducible from its recipe:
 
-    python -m icl_course.pretrained NAME            # retrain NAME, write it into the package
-    python -m icl_course.pretrained NAME --out f.pt # or anywhere else
-    python -m icl_course.pretrained --list
+    python -m icl_course.shipped NAME            # retrain NAME, write it into the package
+    python -m icl_course.shipped NAME --out f.pt # or anywhere else
+    python -m icl_course.shipped --list
 
 Training uses a GPU when there is one (``device="auto"``); the shipped files were made on a
 CPU, and :func:`load_pretrained` checks that a file matches its recipe.
@@ -80,7 +82,7 @@ def load_pretrained(name: str, device="auto") -> tuple[LinearTransformer, Traini
     if not path.exists():
         raise CheckpointError(
             f"the package has no checkpoint for {name!r} at {path}; recreate it with "
-            f"`python -m icl_course.pretrained {name}`"
+            f"`python -m icl_course.shipped {name}`"
         )
     checkpoint = load_checkpoint(path, device=device, **recipe(name)["model"])
     history = (checkpoint.training_state or {}).get("history", {})
@@ -95,13 +97,13 @@ def train_pretrained(name: str, path: Optional[str | Path] = None, device="auto"
     path = Path(path) if path is not None else checkpoint_path(name)
     model = LinearTransformer(**spec["model"], device=device)
     history = train(model, make_tasks(name, device=model.device), checkpoint=path, progress=progress,
-                    metadata={"recipe": name, "command": f"python -m icl_course.pretrained {name}"},
+                    metadata={"recipe": name, "command": f"python -m icl_course.shipped {name}"},
                     **spec["train"])
     return model, history
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m icl_course.pretrained",
+    parser = argparse.ArgumentParser(prog="python -m icl_course.shipped",
                                      description="Retrain a model that ships with the course.")
     parser.add_argument("name", nargs="?", help="which model (see --list)")
     parser.add_argument("--out", help="where to write the checkpoint (default: inside the package)")

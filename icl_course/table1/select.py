@@ -1,0 +1,113 @@
+"""Scoring a Table 1 run: tune the baselines, keep each cell's best candidate, score everything.
+
+Each column's result is saved under ``evaluation/`` and each cell's choice under ``selections/``, so a
+resumed run redoes neither.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..baselines import AdaRR, ConstRR, TunedRR
+from ..data import RegressionTasks
+from ..evaluate import Estimate, adjusted_losses
+from .budget import Budget, column_noise
+from .candidate import Candidate
+from .files import write_json
+from .paper import COLUMN_IDS, COLUMNS, D, N
+
+
+def pick_candidate(scores: dict[str, Estimate], deep: bool) -> str:
+    """The candidate of a cell with the lowest mean on the tuning sample (``scores``: name -> Estimate).
+
+    For a deep cell, scored on a million tasks, only among the candidates whose standard error is at most
+    1% of their mean, if there are any: a larger one is the mark of a heavy tail, whose mean that many
+    tasks do not pin down (a few tasks in a million carry it).  A mean that is not finite never wins.
+    """
+    if deep:
+        light = {name: score for name, score in scores.items() if score.stderr <= 0.01 * abs(score.mean)}
+        scores = light or scores
+    means = {name: (score.mean if math.isfinite(score.mean) else math.inf) for name, score in scores.items()}
+    return min(means, key=means.get)
+
+
+def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: Sequence[Candidate],
+                device) -> tuple[Candidate, dict]:
+    """The candidate a cell keeps and ``{name: [mean, stderr, tasks]}``, the tuning scores it was picked by.
+
+    Every candidate is scored on the column's tuning tasks (a cell of 3 layers or more on ``eval_tasks_deep``
+    of them: a deep model's mean can hang on one task in a million) and :func:`pick_candidate` chooses.  The
+    choice is saved in ``selections/`` and read back while the candidates stay the same: a deeper model
+    that starts from it and the evaluation see the same one.
+    """
+    usable = [candidate for candidate in candidates if candidate.finished] or list(candidates)
+    by_name = {candidate.name: candidate for candidate in usable}
+    if len(usable) == 1:
+        return usable[0], {}
+    path = out / "selections" / f"{cell}-{COLUMN_IDS[COLUMNS.index(column)]}.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("candidates") == list(by_name):
+            return by_name[saved["selected"]], saved["scores"]
+    models = {name: candidate.model.to(device) for name, candidate in by_name.items()}
+    deep_cell = usable[0].depth >= 3
+    sampler = RegressionTasks(D, N, column_noise(column), dtype=torch.float64, device=device)
+    scores = adjusted_losses(models, sampler, chunk_size=budget.chunk_size, seed=700 + COLUMNS.index(column),
+                             num_tasks=max(budget.tuning_tasks, budget.eval_tasks_deep) if deep_cell
+                             else budget.tuning_tasks)
+    chosen = pick_candidate(scores, deep_cell)
+    scores = {name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"cell": cell, "column": column, "candidates": list(by_name), "selected": chosen,
+                      "scores": scores})
+    return by_name[chosen], scores
+
+
+def evaluate_column(out: Path, budget: Budget, column: str, cells: dict[str, list[Candidate]], device,
+                    log) -> dict:
+    """Tune the baselines, pick each cell's best candidate, score everything paired with the oracle.
+
+    ``cells``: ``{cell: [candidates]}`` of this column.  Returns (and saves) the column's evaluation:
+    the candidates, the selected one of each cell, the tuning scores and ``scores``, ``{cell or baseline:
+    [mean, stderr, tasks]}`` of the adjusted loss on a fresh sample.
+    """
+    index = COLUMNS.index(column)
+    path = out / "evaluation" / f"{COLUMN_IDS[index]}.json"
+    names = {cell: [candidate.name for candidate in candidates] for cell, candidates in cells.items()}
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("candidates") == names:
+            return saved
+    started = time.perf_counter()
+    noise = column_noise(column)
+    tuning_sampler = RegressionTasks(D, N, noise, dtype=torch.float64, device="cpu")
+    tuning = tuning_sampler.sample(budget.tuning_tasks, seed=500 + index)
+    constant, tuned = ConstRR().fit(tuning), TunedRR().fit(tuning)
+    sampler = RegressionTasks(D, N, noise, dtype=torch.float64, device=device)
+    selection, tuning_scores = {}, {}
+    for cell, candidates in cells.items():
+        selection[cell], scores = cell_choice(out, budget, column, cell, candidates, device)
+        tuning_scores.update(scores)
+    predictors = {"ConstRR": constant, "AdaRR": AdaRR(), "TunedRR": tuned}
+    predictors.update({cell: candidate.model.to(device) for cell, candidate in selection.items()})
+    deep = any(candidate.depth >= 3 for candidate in selection.values())
+    num_tasks = budget.eval_tasks_deep if deep else budget.eval_tasks
+    scores = adjusted_losses(predictors, sampler, num_tasks=num_tasks, chunk_size=budget.chunk_size,
+                             seed=900 + index)
+    for candidate in selection.values():
+        candidate.model.to("cpu")
+    result = {"column": column, "candidates": names,
+              "selected": {cell: candidate.name for cell, candidate in selection.items()},
+              "tuning_scores": tuning_scores,
+              "scores": {name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()},
+              "baselines": {"ConstRR": constant.ridge_lambda, "TunedRR": [tuned.factor, tuned.cap]},
+              "device": str(device), "seconds": time.perf_counter() - started}
+    write_json(path, result)
+    log(f"scored column {column} on {num_tasks} tasks in {result['seconds']:.0f} s")
+    return result

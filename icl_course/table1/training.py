@@ -1,0 +1,249 @@
+"""Training the models of a Table 1 run, stack by stack, with every finished model on disk at once.
+
+Each (depth, variant) is one stack of :func:`~icl_course.sweep.train_sweep`, trained from its plan
+(:func:`~icl_course.table1.budget.plan_stack`).  A depth with ``unclipped_steps`` trains in two phases: the
+clipped phase writes ``models/NAME.clipped.pt`` and the unclipped phase continues from it into
+``models/NAME.pt`` (a model widened from its smaller variant trains only the second).  Either phase
+resumes from its own sweep checkpoint under ``sweeps/``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ..checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from ..models import LinearTransformer, deepen, widen
+from ..sweep import ModelSpec, SweepResult, train_sweep
+from .budget import BUDGETS, Budget, PlannedModel, StackPlan, Table1Error, clipped_steps, column_noise, plan_stack
+from .candidate import Candidate
+from .paper import VARIANTS, D, N
+from .select import cell_choice
+
+
+def append_layer(model: LinearTransformer, seed: int, init_scale: float = 0.02) -> LinearTransformer:
+    """``model`` (float64, CPU) with one more layer, freshly initialised with ``seed``, appended at the end."""
+    config = model.config
+    deeper = LinearTransformer(config["d"], config["num_layers"] + 1, config["num_heads"], config["parameterization"],
+                               init_scale, seed=seed, dtype=torch.float64, device="cpu")
+    with torch.no_grad():
+        for source, target in zip(model.layers, deeper.layers):
+            for name, value in source.named_parameters():
+                getattr(target, name).copy_(value.double())
+    return deeper
+
+
+def load_trained(path: Path, variant: str, depth: int, key: dict) -> tuple[LinearTransformer, dict]:
+    """A trained model and its metadata; refused when it was trained with another :meth:`ModelSpec.key`."""
+    checkpoint = load_checkpoint(path, device="cpu", num_layers=depth, parameterization=variant)
+    saved = checkpoint.metadata.get("spec")
+    if saved is not None and saved != key:
+        raise CheckpointError(f"{path} was trained with another configuration ({saved} instead of {key}); "
+                              "delete it, or pass a new --out")
+    return checkpoint.model, checkpoint.metadata
+
+
+def model_spec(planned: PlannedModel, variant: str, done: dict[str, Candidate]) -> ModelSpec:
+    """The sweep's spec of a planned model, with the weights it starts from."""
+    init = None
+    if planned.start == "grown":
+        init = append_layer(done[planned.source].model, planned.seed)
+    elif planned.start == "deepened":
+        init = deepen(done[planned.source].model, planned.position)
+    elif planned.start == "widened":
+        init = widen(done[planned.source].model, variant)
+    return ModelSpec(planned.name, column_noise(planned.column), seed=planned.seed, num_steps=planned.num_steps,
+                     learning_rate=planned.learning_rate, warmup_steps=planned.warmup_steps,
+                     schedule=planned.schedule, init=init)
+
+
+class Progress:
+    """The run's one progress bar over every stack's steps (or none)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, desc="Table 1", dynamic_ncols=True, unit="step")
+        self.shown = 0
+
+    def stack(self, label: str) -> Callable:
+        """A ``progress(step, losses)`` callback for one sweep; counts its steps from 0."""
+        self.shown = 0
+
+        def report(step, losses):
+            if self.bar is not None:
+                self.bar.update(step - self.shown)
+                shown = " ".join(f"{value:.3g}" for value in list(losses.values())[:5])
+                self.bar.set_postfix_str(f"{label}, {len(losses)} in flight, loss {shown}")
+            self.shown = step
+        return report
+
+    def skip(self, steps: int) -> None:
+        """Count steps no sweep reported (a stack finished before, or fewer steps than planned)."""
+        if self.bar is not None:
+            self.bar.update(max(0, steps))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class StackTrainer:
+    """Trains the stacks of one run into ``out``; :meth:`train_all` returns every candidate."""
+
+    def __init__(self, out: Path, budget: Budget, variants, columns, device, progress: bool, log: Callable):
+        self.out, self.budget, self.variants, self.columns = out, budget, variants, columns
+        self.device, self.log = device, log
+        self.candidates: dict[str, Candidate] = {}
+        stacks = [(depth, variant) for depth in budget.depths for variant in variants]
+        self.progress = Progress(sum(clipped_steps(budget, depth, variant, variants)
+                                     + budget.settings(depth)["unclipped_steps"] for depth, variant in stacks),
+                                 progress)
+        # a budget changed from a named one (or made by hand) cannot be rerun by its name alone
+        self.command = f"icl-course table1 --budget {budget.name}" if BUDGETS.get(budget.name) == budget \
+            else f"run_table1 with the budget {budget.name!r} recorded in config.json"
+
+    def train_all(self) -> dict[str, Candidate]:
+        """Train every model not yet on disk, depth by depth; returns ``{name: Candidate}``."""
+        try:
+            for depth in self.budget.depths:
+                for variant in self.variants:
+                    self.train_stack(depth, variant)
+        finally:
+            self.progress.close()
+        return self.candidates
+
+    def shallower_choice(self, depth: int, variant: str) -> Optional[dict]:
+        """``{column: name}`` of the candidate each shallower cell keeps, when the depth deepens from it."""
+        deepening = self.budget.settings(depth)["deepen"]
+        if deepening is None or deepening.start != "selected" or variant not in deepening.variants \
+                or depth - 1 not in self.budget.depths:
+            return None
+        choice = {}
+        for column in self.columns:
+            cell = [candidate for candidate in self.candidates.values()
+                    if (candidate.variant, candidate.depth, candidate.column) == (variant, depth - 1, column)]
+            choice[column] = cell_choice(self.out, self.budget, column, f"{variant}-L{depth - 1}", cell,
+                                         self.device)[0].name
+        return choice
+
+    def train_stack(self, depth: int, variant: str) -> None:
+        """Plan, train (both phases) and load one stack's models."""
+        done = {name for name, candidate in self.candidates.items() if candidate.finished}
+        plan = plan_stack(self.budget, depth, variant, self.variants, self.columns, done,
+                          self.shallower_choice(depth, variant))
+        for name, start in plan.unstarted.items():
+            self.log(f"{name} is not trained: its start, {start}, did not finish")
+        specs = [model_spec(planned, variant, self.candidates) for planned in plan.models]
+        final = {spec.name: self.out / "models" / f"{spec.name}.pt" for spec in specs}
+        first = {name: path.with_name(f"{name}.clipped.pt") for name, path in final.items()} if plan.two_phases \
+            else final
+        widened = {planned.name: planned.source for planned in plan.models if planned.start == "widened"}
+        self.train_clipped(plan, specs, first, final, widened)
+        if plan.two_phases:
+            self.train_unclipped(plan, specs, first, final, widened)
+        for planned, spec in zip(plan.models, specs):
+            model, metadata = load_trained(final[spec.name], variant, depth, spec.key())
+            self.candidates[spec.name] = Candidate(spec.name, variant, depth, planned.column, spec.seed,
+                                                   final[spec.name], model, metadata)
+
+    def metadata(self, result: SweepResult, spec: ModelSpec, depth: int) -> dict:
+        """What a model's checkpoint records about its training."""
+        return {"spec": spec.key(), "status": result.status, "steps": result.steps,
+                "final_loss": result.final_loss, "wall_time": result.wall_time,
+                "skipped_steps": result.skipped_steps, "message": result.message,
+                "budget": self.budget.name, "device": str(self.device),
+                "dtype": self.budget.settings(depth)["dtype"], "command": self.command, "history": result.history}
+
+    def train_clipped(self, plan: StackPlan, specs, first: dict, final: dict, widened: dict) -> None:
+        """The first phase (clipped, with the spike rule) of every model that has not passed it."""
+        deepened = {planned.name: f"{planned.source}, a new layer before layer {planned.position}"
+                    for planned in plan.models if planned.start == "deepened"}
+
+        def finish(result, spec):
+            metadata = self.metadata(result, spec, plan.depth)
+            if result.name in deepened:
+                metadata["deepened_from"] = deepened[result.name]
+            save_checkpoint(first[result.name], result.model, metadata=metadata)
+
+        missing = [spec for spec in specs if spec.name not in widened and not final[spec.name].exists()
+                   and not first[spec.name].exists()]
+        done = self.sweep(missing, first, plan, "clipped", finish) if missing else 0
+        self.progress.skip(clipped_steps(self.budget, plan.depth, plan.variant, self.variants) - done)
+
+    def train_unclipped(self, plan: StackPlan, specs, first: dict, final: dict, widened: dict) -> None:
+        """The second phase: no clipping or spike rule, a constant low rate; a widened model's only phase."""
+        rate = self.budget.unclipped_learning_rate
+        clipped = {spec.name: load_trained(first[spec.name], plan.variant, plan.depth, spec.key())
+                   for spec in specs if spec.name not in widened and not final[spec.name].exists()}
+        second = [spec for spec in specs if spec.name in widened and not final[spec.name].exists()]
+        for spec in specs:
+            if spec.name not in clipped:
+                continue
+            model, metadata = clipped[spec.name]
+            if metadata["status"] != "finished":   # nothing to polish: it goes on as it is
+                save_checkpoint(final[spec.name], model, metadata=metadata)
+                continue
+            second.append(ModelSpec(spec.name, spec.noise, seed=spec.seed,
+                                    num_steps=self.budget.settings(plan.depth)["unclipped_steps"],
+                                    learning_rate=rate, schedule="constant", init=model))
+
+        def finish(result, spec):
+            if result.name in widened:
+                metadata = dict(self.metadata(result, spec, plan.depth), widened_from=widened[result.name])
+                save_checkpoint(final[result.name], result.model, metadata=metadata)
+                return
+            metadata = dict(clipped[result.name][1])
+            offset = metadata["steps"]
+            metadata.update(
+                status=result.status, steps=offset + result.steps, final_loss=result.final_loss,
+                wall_time=metadata["wall_time"] + result.wall_time, message=result.message,
+                unclipped={"steps": result.steps, "learning_rate": rate, "clipped_final_loss": metadata["final_loss"]},
+                history=metadata["history"] + [[offset + step, value] for step, value in result.history])
+            save_checkpoint(final[result.name], result.model, metadata=metadata)
+
+        done = self.sweep(second, final, plan, "unclipped", finish) if second else 0
+        self.progress.skip(self.budget.settings(plan.depth)["unclipped_steps"] - done)
+
+    def sweep(self, specs, paths: dict, plan: StackPlan, phase: str, finish: Callable) -> int:
+        """One sweep: ``specs`` trained as one stack, ``finish(result, spec)`` writing each model that leaves;
+        returns the steps it reported."""
+        unclipped = phase == "unclipped"
+        depth, variant = plan.depth, plan.variant
+        label = f"{VARIANTS[variant]} L={depth}{', unclipped' if unclipped else ''}"
+        started = time.perf_counter()
+        sweep_file = self.out / "sweeps" / f"{variant}-L{depth}{'-unclipped' if unclipped else ''}.pt"
+        by_name = {spec.name: spec for spec in specs}
+
+        def saved(result):
+            try:
+                finish(result, by_name[result.name])
+            except OSError as error:
+                raise Table1Error(f"could not write {paths[result.name]} ({error.strerror or error}); "
+                                  "finished models are kept. Free some disk space and rerun to resume.") from None
+
+        report = self.progress.stack(label)
+        # a sweep checkpoint written for another selection of models is stale: start that stack over
+        try:
+            train_sweep(specs, d=D, n=N, num_layers=depth, parameterization=variant,
+                        batch_size=self.budget.batch_size, clip_norm=None if unclipped else self.budget.clip_norm,
+                        spike_factor=math.inf if unclipped else 100.0,
+                        final_fraction=self.budget.final_fraction, dtype=self.budget.settings(depth)["dtype"],
+                        device=self.device,
+                        seed=1000 * depth + sorted(VARIANTS).index(variant) + (500 if unclipped else 0),
+                        checkpoint=sweep_file, checkpoint_every=self.budget.checkpoint_every,
+                        log_every=50, progress=report, on_leave=saved)
+        except OSError as error:
+            raise Table1Error(f"could not write the sweep checkpoint {sweep_file} "
+                              f"({error.strerror or error}); finished models are kept. Free some disk "
+                              "space and rerun to resume.") from None
+        if sweep_file.exists():
+            sweep_file.unlink()
+        self.log(f"trained {label}: {len(specs)} models in {time.perf_counter() - started:.0f} s")
+        return self.progress.shown
+
