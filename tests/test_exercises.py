@@ -7,8 +7,9 @@ import pytest
 from conftest import ROOT
 from nbclient import NotebookClient
 
-from icl_course.checks import CHECKS, recorded_names
 from icl_course.grading.exercises import UNFINISHED, GenerationError, generate, mark_cells, task_points
+from icl_course.grading.protocol import recorded_names
+from icl_course.grading.registry import CHECKS
 
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 
