@@ -70,7 +70,7 @@ MISTAKES = {
         r"columns' span with the target; the furthest task at \[\d+\]: expected [-\d.e]+, got [-\d.e]+"),
     "newton_iterates": (
         lambda S, num_steps: torch.stack([torch.eye(S.shape[0], dtype=S.dtype) / torch.trace(S)] * (num_steps + 1)),
-        "start from"),
+        "the first iterate is not M_0"),
 }
 
 
@@ -540,3 +540,23 @@ def test_a_memformer_layer_that_ignores_the_mask_fails(answers):
     for case in check.grading_cases(0)[len(check.examples()):]:
         assert (case.arguments["Z"][:, -1, -1] != 0).all()       # every drawn case has a query label
         assert not checking.close(unmasked(**case.arguments)[1], reference_memformer_layer(**case.arguments)[1])
+
+
+def test_no_hint_hands_out_a_line_of_the_answer_key():
+    """The last hint nearly gives the answer but is not its code: no statement of an answer key's solution
+    (between BEGIN and END SOLUTION, comments dropped, spaces ignored) appears in a hint of its task."""
+    from icl_course.hints import HINTS
+
+    def squeeze(text):
+        return "".join(text.split())
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if "### BEGIN SOLUTION" not in cell.source:
+                continue
+            name = cell.source.split("def ", 1)[1].split("(", 1)[0]
+            solution = cell.source.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
+            statements = [squeeze(line.split("#", 1)[0]).removeprefix("return") for line in solution.splitlines()]
+            hints = [squeeze(hint) for hint in HINTS[name]]
+            for statement in statements:
+                if len(statement) >= 12:     # shorter ones ("d=M.shape[-1]") give nothing away
+                    assert not any(statement in hint for hint in hints), (name, statement)

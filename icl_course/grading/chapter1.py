@@ -62,7 +62,8 @@ def _verify_linear_attention(case: Case, output) -> None:
         return
     reads_query = tokens + tokens @ (P @ tokens.transpose(1, 2) @ tokens @ Q).transpose(1, 2)
     if close(result, reads_query):
-        fail(f"for {case.label}: j must run over the n context tokens only, not the query")
+        fail(f"for {case.label}: your sum over j includes the query token; it runs over the n context tokens, "
+                 "not the query")
     fail(f"for {case.label}: the layer does not follow e_i + sum_j (e_j^T Q e_i) P e_j; the furthest entry "
          f"[task, token, coordinate]{mismatch(result, expected)}")
 
@@ -82,8 +83,8 @@ def _verify_gd_matrices(case: Case, output) -> None:
     gd_prediction = (w_1 * batch.x_t).sum(-1)
     if not close(-after[:, -1, -1], gd_prediction):
         if close(after[:, -1, -1], gd_prediction):   # diagnose only what is wrong
-            fail(f"for d={d}, n={n}, eta={eta:g}: the sign is flipped: the query's last coordinate must become "
-                 "-<w_1, x_t> (the prediction is minus it), so P's corner is -eta/n, not +eta/n")
+            fail(f"for d={d}, n={n}, eta={eta:g}: the sign is flipped: the query's last coordinate becomes "
+                 "+<w_1, x_t> instead of -<w_1, x_t>: the prediction (minus it) is that of a step up the loss")
         fail(f"for d={d}, n={n}, eta={eta:g}: the query's prediction is not that of one GD step; the furthest "
              f"of 16 tasks{mismatch(-after[:, -1, -1], gd_prediction)}")
     residuals = batch.y - torch.einsum("bnd,bd->bn", batch.X, w_1)
@@ -106,8 +107,8 @@ def _verify_transformer_prediction(case: Case, output) -> None:
     layers, steps = plural(num_layers, "layer"), plural(num_layers, "GD step")
     if not close(prediction, expected):
         if close(prediction, -expected):   # diagnose only what is wrong
-            fail(f"the sign is flipped ({case.label}): the prediction is minus the query's last coordinate, "
-                 f"y_hat = -e_t[-1], after the {layers}")
+            fail(f"the sign is flipped ({case.label}): your predictions are minus those of {steps}; the "
+                 f"furthest task{mismatch(prediction, expected)}")
         fail(f"with the GD weights, {layers} should give the prediction of {steps} ({case.label}); the "
              f"furthest task{mismatch(prediction, expected)}")
 
@@ -125,10 +126,11 @@ def _verify_best_step_size(case: Case, output) -> None:
     if abs(eta - best) <= 2e-3 * abs(best):
         return
     if abs(eta * n - best) <= 2e-3 * abs(best):
-        fail(f"for {case.label}: {eta:.5f} is the coefficient c = eta / n on alpha; return the step eta = n c")
+        fail(f"for {case.label}: {eta:.5f} is n = {n} times smaller than the best step {best:.5f}: it is the "
+             "coefficient c = eta / n on alpha, not the step eta")
     if abs(eta - n / (n + d + 1)) <= 1e-9:
-        fail(f"for {case.label}: {eta:.5f} is n / (n + d + 1), the limit for infinitely many tasks; return the step "
-             f"with the smallest mean loss on the sampled tasks ({best:.5f})")
+        fail(f"for {case.label}: {eta:.5f} is n / (n + d + 1), the limit for infinitely many tasks; the step with "
+             f"the smallest mean loss on the sampled tasks is {best:.5f}")
     fail(f"for {case.label}: eta = {eta:.5f}, but the step with the smallest mean loss on these tasks is "
          f"{best:.5f} (within 0.2% is enough)")
 

@@ -44,18 +44,17 @@ def _verify_implicit_step(case: Case, output) -> None:
         d = M.shape[-1]
         misprint = reference + 2 * mixing[:, :d, d].unsqueeze(-1) * w.unsqueeze(-2) if name == "M" else None
         if misprint is not None and close(got, misprint, 1e-10):
-            fail(f"for {case.label}: M has the paper's misprinted + b w^T (+ t_xy w^T here); expand "
-                 "(I + T_xx)(M x + y u) + t_xy (a y - <w, x>)")
-        fail(f"for {case.label}: the new {name} is wrong (update all four from the old values); its furthest "
-             f"entry{mismatch(got, reference)}")
+            fail(f"for {case.label}: your M carries + t_xy w^T, the paper's misprinted + b w^T; the furthest "
+                 f"entry{mismatch(got, reference)}")
+        fail(f"for {case.label}: the new {name} is wrong; its furthest entry{mismatch(got, reference)}")
 
 
 def _verify_gdpp_layers(case: Case, output) -> None:
     layers = expect_number(output, "gdpp_layers", integer=True)
     expected = theory.gdpp_layers_needed(**case.arguments)
     if layers != expected:
-        fail(f"for {case.label}: {layers:g} layers, but {expected} are needed (count the layers until "
-             "kappa - 1 <= eps, then add the final GD step)")
+        fail(f"for {case.label}: {layers:g} layers, but {expected} are needed (the GD++ layers and the final GD "
+             "step together)")
 
 
 def _cosine_case(B: int, n: int, d: int, generator: torch.Generator) -> Case:
@@ -85,7 +84,8 @@ def _verify_newton_iterates(case: Case, output) -> None:
     iterates = expect_tensor(output, (num_steps + 1, d, d), "newton_iterates (M_0 first)")
     expected = newton_inverse(S, num_steps)
     if not close(iterates[0], expected[0], 1e-10):
-        fail(f"for d={d}: start from M_0 = I / lambda_max(S)")
+        fail(f"for d={d}: the first iterate is not M_0 = I / lambda_max(S); the furthest entry "
+             f"[row, column]{mismatch(iterates[0], expected[0])}")
     if not close(iterates, expected, 1e-8):
         fail(f"for d={d}, num_steps={num_steps}: the iterates differ from M <- M (2I - S M); the furthest entry "
              f"[step, row, column]{mismatch(iterates, expected)}")

@@ -34,12 +34,14 @@ def _verify_cg(case: Case, output) -> None:
     iterates = expect_tensor(output, (B, num_steps + 1, d), "cg_iterates (w_0 = 0 first)")
     expected = conjugate_gradient(X, y, num_steps)
     if not close(iterates[:, 0], expected[:, 0], 1e-12):
-        fail("start from w_0 = 0 and put it first")
+        fail(f"for {case.label}: the first iterate is not w_0 = 0; the furthest entry "
+             f"[task, coordinate]{mismatch(iterates[:, 0], expected[:, 0])}")
     if num_steps >= 1 and not close(iterates[:, 1], expected[:, 1], 1e-8):
-        fail(f"for {case.label}: the first step is wrong; it is exact line search along -grad R(0) = X^T y / n")
+        fail(f"for {case.label}: the first step w_1 is wrong; the furthest entry "
+             f"[task, coordinate]{mismatch(iterates[:, 1], expected[:, 1])}")
     if not close(iterates, expected, 1e-7):
-        fail(f"for {case.label}: the iterates differ from conjugate gradient on Sigma w = alpha "
-             "(Sigma = X^T X / n, alpha = X^T y / n), each task with its own coefficients; the furthest entry "
+        fail(f"for {case.label}: w_0 and w_1 are right, but later iterates differ from conjugate gradient on "
+             "each task's Sigma w = alpha; the furthest entry "
              f"[task, step, coordinate]{mismatch(iterates, expected)}")
 
 
@@ -86,13 +88,13 @@ def _verify_layer(case: Case, output) -> None:
     if not close(new_register, expected_register, 1e-9):
         plain = reference_memformer_layer(**{**case.arguments, "gamma": 0.0})[1]
         if close(new_register, plain, 1e-9):
-            fail(f"for {case.label}: the new register forgets the old one (add gamma * register)")
-        fail(f"for {case.label}: the new register must be Attn(Z) + gamma * register, with "
+            fail(f"for {case.label}: the new register is Attn(Z) alone: it does not depend on the old register")
+        fail(f"for {case.label}: the new register is not Attn(Z) + gamma * register, with "
              "Attn(Z) = P Z M Z^T Q Z / n (the mask keeps the query column out of Z M Z^T); the furthest entry "
              f"[task, row, column]{mismatch(new_register, expected_register)}")
     if not close(new_Z, expected_Z, 1e-9):
-        fail(f"for {case.label}: the new Z must be Z + alpha * (the new register); the furthest entry "
-             f"[task, row, column]{mismatch(new_Z, expected_Z)}")
+        fail(f"for {case.label}: the new register is right, but the new Z is not Z + alpha * (the new register); "
+             f"the furthest entry [task, row, column]{mismatch(new_Z, expected_Z)}")
 
 
 # -- task 3: momentum as a Memformer -----------------------------------------------------------
@@ -108,12 +110,13 @@ def _verify_momentum(case: Case, output) -> None:
     got = model(batch, alpha=alpha, gamma=gamma).layer_weights
     expected = momentum_descent(batch.X, batch.y, eta, mu, num_layers)[:, 1:]
     if not close(got[:, 0], expected[:, 0], 1e-6):  # 1e-6: float32 answers pass
-        fail(f"for {case.label}: the first layer must be one GD step of size eta_1 (alpha_1 = eta_1)")
+        fail(f"for {case.label}: the first layer is not one GD step of size eta_1; the furthest entry "
+             f"[task, coordinate]{mismatch(got[:, 0], expected[:, 0])}")
     if not close(got, expected, 1e-6):
         naive = model(batch, alpha=eta, gamma=mu).layer_weights
         if close(got, naive, 1e-6):
-            fail(f"for {case.label}: gamma_l = mu_l holds only while the step size stays the same; here eta "
-                 "changes from layer to layer")
+            fail(f"for {case.label}: your layers run as with gamma = mu, which matches heavy ball only while the "
+                 "step size stays the same; here eta changes from layer to layer")
         fail(f"for {case.label}: the layers do not follow w + eta_l(-grad) + mu_l (w - w_prev); the furthest "
              f"entry [task, layer, coordinate]{mismatch(got, expected)}")
 
