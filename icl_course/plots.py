@@ -360,7 +360,9 @@ def plot_memformer_comparison(results: dict):
             for row, shown in enumerate((means.log10(), means / reference)):
                 centre = shown.mean(0)
                 low, high = centre - shown.min(0).values, shown.max(0).values - centre
-                axes[row, column].errorbar([k + 0.06 * (index - 1.5) for k in depths], centre, [low, high],
+                # a (2, depths) array: matplotlib 3.7 reads a list of two tensors as two scalars
+                axes[row, column].errorbar([k + 0.06 * (index - 1.5) for k in depths], centre.numpy(),
+                                           torch.stack([low, high]).numpy(),
                                            color=f"C{index}", marker="o", ms=4, capsize=2, label=family)
         axes[0, column].set(title=f"{setting} data", ylabel="log10 loss (fresh tasks)")
         axes[1, column].set(xlabel="layers L (steps for the baselines)", ylabel="loss / tuned GD's loss",
