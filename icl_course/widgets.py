@@ -149,17 +149,23 @@ def diag_explorer(layer_1: dict | None = None, layer_2: dict | None = None, sigm
 
 def coefficient_explorer(alpha=(0.5, 0.5, 0.5), gamma=(0.0, 0.3, 0.3), setting: str = "rotated"):
     """Sliders for three layers' step sizes ``alpha_l`` and direction weights ``gamma_l`` around
-    :func:`icl_course.plots.show_cg_coefficients` (chapter 5)."""
+    :func:`icl_course.plots.show_cg_coefficients` (chapter 5).
+
+    The sliders start at the given values rounded to their step of 0.05 and clipped to their range: a
+    value between two steps would show one number and draw another, and a key press from it lands on
+    a step the learner did not ask for."""
     import ipywidgets as widgets
 
     def show(**values):
         return plots.show_cg_coefficients([values[f"alpha_{k}"] for k in (1, 2, 3)],
                                           [values[f"gamma_{k}"] for k in (1, 2, 3)], setting=setting)
 
-    style = {"description_width": "initial"}
-    controls = {f"alpha_{k}": widgets.FloatSlider(value=alpha[k - 1], min=0.0, max=3.0, step=0.05, style=style,
-                                                  description=f"step size, layer {k}") for k in (1, 2, 3)}
-    controls.update({f"gamma_{k}": widgets.FloatSlider(value=gamma[k - 1], min=0.0, max=1.5, step=0.05, style=style,
-                                                       description=f"direction weight, layer {k}")
+    def slider(value, low, high, description):
+        start = min(max(round(float(value) * 20) / 20, low), high)
+        return widgets.FloatSlider(value=start, min=low, max=high, step=0.05, description=description,
+                                   style={"description_width": "initial"})
+
+    controls = {f"alpha_{k}": slider(alpha[k - 1], 0.0, 3.0, f"step size, layer {k}") for k in (1, 2, 3)}
+    controls.update({f"gamma_{k}": slider(gamma[k - 1], -0.5, 1.5, f"direction weight, layer {k}")
                      for k in (1, 2, 3)})
     return explorer(show, **controls)

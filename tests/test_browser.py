@@ -118,7 +118,9 @@ ALL_RUN = """() => {
     return prompts.length > 0 && !prompts.some(p => p.textContent.includes('*'))
         && prompts.some(p => /\\[\\d+\\]/.test(p.textContent));
 }"""
-MOVED = "([handle, before]) => handle.getAttribute('aria-valuenow') !== before"
+# aria-valuetext, not aria-valuenow: noUiSlider rounds aria-valuenow to one decimal, so a step of 0.05
+# from 1.10 to 1.15 leaves it at "1.1" and a press that moved the slider would look lost
+MOVED = "([handle, before]) => handle.getAttribute('aria-valuetext') !== before"
 REDRAWN = """([box, before]) => {
     const image = box.querySelector('.jp-OutputArea img');
     return image !== null && image.getAttribute('src') !== before;
@@ -156,7 +158,7 @@ def _press(page, handle, key: str) -> None:
     before the handle is ready); pressing again is what a learner would do.  A slider that never
     moves fails here, with its value, rather than as a figure that never redraws.
     """
-    before = handle.get_attribute("aria-valuenow")
+    before = handle.get_attribute("aria-valuetext")
     for _ in range(5):
         handle.focus()
         page.keyboard.press(key)
@@ -212,7 +214,8 @@ def test_every_slider_of_every_chapter_redraws_its_figure(lab, browser, chapter)
             assert handles.count() >= 1
             for slider in range(handles.count()):
                 def move(handle=handles.nth(slider)):
-                    at_end = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+                    value, top = (float(handle.get_attribute(name)) for name in ("aria-valuetext", "aria-valuemax"))
+                    at_end = value >= top
                     _press(page, handle, "ArrowLeft" if at_end else "ArrowRight")
                 timings[f"widget {index}, slider {slider} (keyboard)"] = _redraw_seconds(page, box, move)
             # typing: step the first slider back (its figure redraws), note the value, step forward

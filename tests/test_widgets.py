@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from icl_course.widgets import (  # noqa: E402
+    coefficient_explorer,
     diag_explorer,
     gd_explorer,
     gdpp_explorer,
@@ -33,7 +34,8 @@ def test_every_figure_has_labelled_axes(show, arguments):
     plt.close(figure)
 
 
-@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer, gdpp_explorer, diag_explorer])
+@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer, gdpp_explorer, diag_explorer,
+                                      coefficient_explorer])
 def test_explorers_offer_sliders(explorer):
     import ipywidgets
     widget = explorer()
@@ -43,7 +45,8 @@ def test_explorers_offer_sliders(explorer):
     plt.close("all")
 
 
-@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer, gdpp_explorer, diag_explorer])
+@pytest.mark.parametrize("explorer", [task_explorer, gd_explorer, step_size_explorer, gdpp_explorer, diag_explorer,
+                                      coefficient_explorer])
 def test_explorers_redraw_when_a_value_settles_and_label_their_sliders_in_words_or_maths(explorer):
     import re
     widget = explorer()
@@ -55,4 +58,14 @@ def test_explorers_redraw_when_a_value_settles_and_label_their_sliders_in_words_
         assert control.description.count("$") % 2 == 0, control.description
         assert not re.search(r"[_^]|\de-?\d|\b(sigma|eta|kappa|gamma|lambda)\b", words), control.description
     assert len({control.style.description_width for control in controls}) == 1, "the sliders line up"
+    plt.close("all")
+
+
+def test_the_coefficient_sliders_start_on_their_step_grid_inside_their_range():
+    # a trained value between two steps would show one number and draw another
+    widget = coefficient_explorer(alpha=(1.1238, 3.7, 0.859), gamma=(-0.0108, 0.2798, 2.0))
+    values = {control.description: control.value for control in widget.kwargs_widgets}
+    assert list(values.values()) == [1.1, 3.0, 0.85, 0.0, 0.3, 1.5]
+    for control in widget.kwargs_widgets:
+        assert abs(control.value / control.step - round(control.value / control.step)) < 1e-9
     plt.close("all")
