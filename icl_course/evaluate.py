@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -33,6 +33,7 @@ from .runtime import make_generator
 
 __all__ = [
     "Estimate",
+    "trimmed_count",
     "mean_and_stderr",
     "query_averaged_loss",
     "sampled_query_loss",
@@ -51,20 +52,46 @@ DEEP_NUM_TASKS = 1_000_000
 DEFAULT_NUM_TASKS = 100_000
 
 
+TRIMMED_FRACTION = 1e-4   # the share of worst tasks a trimmed mean leaves out: 100 of a million
+
+
+def trimmed_count(num_tasks: int) -> int:
+    """How many of ``num_tasks`` tasks a trimmed mean leaves out: the worst 0.01%, at least one."""
+    return max(1, int(num_tasks * TRIMMED_FRACTION))
+
+
 @dataclass(frozen=True)
 class Estimate:
-    """A Monte-Carlo mean with its standard error over ``num_tasks`` independent tasks."""
+    """A Monte-Carlo mean with its standard error over ``num_tasks`` independent tasks, and (where it was
+    computed) ``trimmed_mean``, the mean without the worst 0.01% of the tasks (:func:`trimmed_count`).
+
+    Under a heavy tail a few tasks in a million carry the mean, and the standard error, computed from the
+    same tasks, does not show it; the trimmed mean does: it moves far from the mean."""
 
     mean: float
     stderr: float
     num_tasks: int
+    trimmed_mean: Optional[float] = None
 
     @classmethod
     def from_samples(cls, values) -> "Estimate":
-        """The mean of independent per-task values (a (N,) tensor or sequence) and its standard error."""
+        """The mean of independent per-task values (a (N,) tensor or sequence), its standard error and
+        its trimmed mean."""
         values = torch.as_tensor(values, dtype=torch.float64).flatten()
         mean, stderr = mean_and_stderr(values)
-        return cls(float(mean), float(stderr), values.numel())
+        worst = values.topk(trimmed_count(values.numel())).values.sum()
+        trimmed = (values.sum() - worst) / (values.numel() - trimmed_count(values.numel()))
+        return cls(float(mean), float(stderr), values.numel(), float(trimmed))
+
+    def heavy_tailed(self, relative_stderr: float = 0.02, trimmed_gap: float = 0.05) -> bool:
+        """Whether the estimate shows a heavy tail: a standard error above ``relative_stderr`` of the mean,
+        or a trimmed mean more than ``trimmed_gap`` of the mean away from it (a mean that is not finite is
+        one too)."""
+        if not math.isfinite(self.mean):
+            return True
+        scale = abs(self.mean)
+        gap = 0.0 if self.trimmed_mean is None else abs(self.mean - self.trimmed_mean)
+        return self.stderr > relative_stderr * scale or gap > trimmed_gap * scale
 
     def __str__(self) -> str:
         return f"{self.mean:.4g} ± {self.stderr:.2g}"
@@ -124,11 +151,15 @@ def sampled_query_loss(predictions: torch.Tensor, batch: TaskBatch) -> torch.Ten
 
 def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: RegressionTasks,
                  num_tasks: int, chunk_size: int, seed) -> list[Estimate]:
-    """Mean and standard error of ``per_task(batch)`` ((B,) or (B, K)) over fresh chunks."""
+    """Mean, standard error and trimmed mean of ``per_task(batch)`` ((B,) or (B, K)) over fresh chunks.
+
+    The worst :func:`trimmed_count` values of each column are kept across chunks (a running top-k), so the
+    trimmed mean costs no second pass and no memory of the whole sample."""
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 2:
         raise ValueError(f"num_tasks must be at least 2 to have a standard error, got {num_tasks}")
     generator = make_generator(EVALUATION_SEED if seed is None else seed)
-    total = total_squares = None
+    total = total_squares = worst = None
+    kept = trimmed_count(num_tasks)
     done = 0
     with torch.no_grad():
         while done < num_tasks:
@@ -137,10 +168,14 @@ def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: Regress
             sums, squares = values.sum(0).cpu(), (values**2).sum(0).cpu()
             total = sums if total is None else total + sums
             total_squares = squares if total_squares is None else total_squares + squares
+            pool = values.cpu() if worst is None else torch.cat([worst, values.cpu()])
+            worst = pool.topk(min(kept, pool.shape[0]), dim=0).values
             done += size
     mean = total / num_tasks
     variance = (total_squares / num_tasks - mean**2).clamp(min=0) * num_tasks / (num_tasks - 1)
-    return [Estimate(float(m), math.sqrt(float(v) / num_tasks), num_tasks) for m, v in zip(mean, variance)]
+    trimmed = (total - worst.sum(0)) / (num_tasks - kept)
+    return [Estimate(float(m), math.sqrt(float(v) / num_tasks), num_tasks, float(t))
+            for m, v, t in zip(mean, variance, trimmed)]
 
 
 def expected_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int | None = None,

@@ -142,3 +142,28 @@ def test_mean_and_stderr_is_the_estimate_of_every_entry():
             assert estimate.stderr == pytest.approx(stderr[i, j].item(), rel=1e-12)
     with pytest.raises(ValueError, match="at least 2 samples"):
         mean_and_stderr(samples[:1])
+
+
+def test_the_trimmed_mean_leaves_out_the_worst_hundredth_of_a_percent_chunk_by_chunk():
+    from icl_course.evaluate import _monte_carlo, trimmed_count
+
+    assert trimmed_count(1_000_000) == 100 and trimmed_count(20_000) == 2 and trimmed_count(50) == 1
+    seen = []
+
+    def per_task(batch):   # a light-tailed column and a heavy-tailed one (cubes of the label energy)
+        energy = (batch.y.double() ** 2).mean(-1)
+        seen.append(energy)
+        return torch.stack([energy, energy**4], dim=-1)
+    light, heavy = _monte_carlo(per_task, RegressionTasks(3, 5, UniformNoise(1)), 25_000, 7_000, seed=1)
+    energy = torch.cat(seen)
+    for estimate, values in ((light, energy), (heavy, energy**4)):
+        worst = values.sort().values[-2:]          # 25 000 tasks: the 2 worst
+        assert estimate.trimmed_mean == pytest.approx(float((values.sum() - worst.sum()) / (25_000 - 2)), rel=1e-9)
+        assert estimate.trimmed_mean == pytest.approx(Estimate.from_samples(values).trimmed_mean, rel=1e-9)
+    assert not light.heavy_tailed() and heavy.heavy_tailed()
+    # ten tasks in a hundred thousand carrying 6% of the mean: a standard error under 2% of the mean, yet a tail
+    values = torch.ones(100_000, dtype=torch.float64)
+    values[:10] = 601.0
+    tail = Estimate.from_samples(values)
+    assert tail.stderr < 0.02 * tail.mean and tail.trimmed_mean == pytest.approx(1.0) and tail.heavy_tailed()
+    assert Estimate(float("nan"), 0.0, 10).heavy_tailed() and not Estimate(1.0, 0.01, 10).heavy_tailed()

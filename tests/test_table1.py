@@ -202,11 +202,22 @@ def test_the_shipped_results_are_complete_scored_on_enough_tasks_and_match_the_p
     assert model.config["num_layers"] == 5 and model.config["parameterization"] == "diag"
 
 
+def _at_depths(budget: dict, depths) -> dict:
+    """A budget's recorded settings restricted to ``depths`` (what ``--depths`` of that budget records)."""
+    keys = {str(depth) for depth in depths}
+
+    def restricted(value):
+        if isinstance(value, dict) and value and all(key.isdigit() for key in value):
+            return {key: item for key, item in value.items() if key in keys}
+        return value
+    return dict({name: restricted(value) for name, value in budget.items()}, depths=list(depths), description=None)
+
+
 def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complete():
     """``icl-course table1 --budget cpu`` as shipped (depths 1-4; its README has the cells)."""
     config = json.loads((SHIPPED["cpu"] / "results.json").read_text())["config"]
-    # made by the budget as it stands (its description, words, may have changed since)
-    assert dict(config["budget"], description=None) == dict(BUDGETS["cpu"].as_dict(), description=None)
+    # made by the budget as it stands at the depths it has (its description, words, may have changed since)
+    assert dict(config["budget"], description=None) == _at_depths(BUDGETS["cpu"].as_dict(), config["budget"]["depths"])
     assert config["device"] == "cpu" and config["seconds"] <= 3600   # the issue's target on 2 cores
     rows = load_results("cpu")
     cells = {(row["variant"], row["depth"], row["column"]): row for row in rows if row["depth"] is not None}
@@ -290,6 +301,39 @@ def test_the_shipped_cpu_run_is_the_cpu_budget_made_in_under_an_hour_and_complet
     assert abs(rescored.mean - row["adjusted_loss"]) <= 4 * (rescored.stderr + row["stderr"]), (rescored, row)
 
 
+def test_the_gpu_recipe_runs_end_to_end_on_this_cpu_at_small_depth_with_fewer_steps(tmp_path):
+    """The ``gpu`` budget, cut down (a few steps, small batches and samples) but with its own cells, seeds,
+    phases, nested and deepened starts, through 5 layers: the code a GPU run takes is run here."""
+    from icl_course.table1.budget import Deepening
+
+    gpu = BUDGETS["gpu"]
+    depths = (1, 2, 3, 4, 5)
+
+    def scaled(value):
+        return {depth: max(1, _per(value, depth) // 500) for depth in depths}
+
+    def _per(value, depth):
+        return value[depth] if isinstance(value, dict) else value
+    deepen = {depth: None if gpu.settings(depth)["deepen"] is None else
+              replace(gpu.settings(depth)["deepen"], steps=8, warmup_steps=2) for depth in depths}
+    options = dict(steps=scaled(gpu.steps), warmup_steps=scaled(gpu.warmup_steps),
+                   unclipped_steps=scaled(gpu.unclipped_steps), deepen=deepen, batch_size=64, tuning_tasks=1000,
+                   eval_tasks=2000, eval_tasks_deep=2000, chunk_size=1000, checkpoint_every=5)
+    assert isinstance(deepen[5], Deepening) and deepen[5].start == "selected" and deepen[5].positions == (0, 3)
+    rows = run_table1(tmp_path / "run", "gpu", device="cpu", depths=depths, columns=["3"], progress=False,
+                      verbose=False, **options)
+    cells = {(row["variant"], row["depth"]): row for row in rows if row["depth"] is not None}
+    assert set(cells) == {(variant, depth) for variant in table1.VARIANTS for depth in depths}
+    names = sorted(path.stem for path in (tmp_path / "run" / "models").glob("*.pt") if ".clipped" not in path.name)
+    assert "gdpp-L2-u3-s2" in names and "full-L3-u3-s0-d1" in names            # three seeds; nested from deepened
+    assert {name for name in names if "-L5-" in name} == {f"{v}-L5-u3-s0-d{p}" for v in table1.VARIANTS for p in (0, 3)}
+    for (variant, depth), row in cells.items():
+        assert row["status"] == "finished" and math.isfinite(row["adjusted_loss"]), row
+        assert row["trimmed_mean"] is not None and isinstance(row["heavy_tail"], bool), row
+        if depth >= 4:     # the chosen deeper model started from the model the table keeps one layer up
+            assert row["checkpoint"].split("-")[-1] in ("d0.pt", f"d{depth - 2}.pt"), row
+
+
 def test_seeds_can_differ_by_depth(tmp_path):
     # the cpu budget gives 2 and 3 layers, whose training is less reliable, a second seed
     assert BUDGETS["cpu"].seeds_at(1) == (0,) and BUDGETS["cpu"].seeds_at(3) == (0, 1)
@@ -358,6 +402,29 @@ def test_merge_runs_gathers_the_depths_every_run_finished(tmp_path):
     assert merge_runs([tmp_path / "nowhere"], tmp_path / "empty", "quick") == ()
     with pytest.raises(Table1Error, match="unknown budget"):
         merge_runs(folders, out, "huge")
+
+
+def test_merge_runs_gathers_a_depth_without_seeds_by_its_deepened_models(tmp_path):
+    from icl_course.table1 import BUDGETS, VARIANTS, merge_runs
+
+    budget = BUDGETS["gpu"]   # depths 4-7 train only models deepened from the shallower cell (and Full nested)
+    folder = tmp_path / "run"
+    (folder / "models").mkdir(parents=True)
+
+    def write(name):
+        (folder / "models" / f"{name}.pt").write_bytes(name.encode())
+    for depth in (1, 2, 3):
+        for variant, column, seed in ((v, c, s) for v in VARIANTS for c in COLUMNS for s in budget.seeds_at(depth)):
+            write(table1.model_name(variant, depth, column, seed))
+    for depth in (4, 5):
+        for variant in VARIANTS:
+            for column in COLUMNS:
+                for position in (0, depth - 2):
+                    if (depth, variant, column, position) != (5, "full", "7", 3):   # one 5-layer model is missing
+                        write(f"{table1.model_name(variant, depth, column, 0)}-d{position}")
+    assert merge_runs([folder], tmp_path / "merged", "gpu") == (1, 2, 3, 4)
+    copied = {path.name for path in (tmp_path / "merged" / "models").iterdir()}
+    assert "full-L4-u7-s0-d2.pt" in copied and not any("-L5-" in name for name in copied)
 
 
 def test_two_phases_and_nested_starts_continue_the_right_models_and_resume(tmp_path):
@@ -483,7 +550,7 @@ def test_nested_init_can_name_the_variants_that_start_from_the_smaller_one(tmp_p
     assert replace(BUDGETS["quick"], nested_learning_rate={"full": 2e-5}).settings(3)[
         "nested_learning_rate"] == {"full": 2e-5}
     # a budget without the setting keeps the configuration it had before the setting existed
-    assert "nested_learning_rate" not in table1.BUDGETS["gpu"].as_dict()
+    assert "nested_learning_rate" not in table1.BUDGETS["paper"].as_dict()
 
 
 def test_deepened_candidates_start_from_the_shallower_model_and_compete_for_the_cell(tmp_path, bars):
@@ -705,18 +772,32 @@ def test_the_plan_of_a_stack_says_where_every_model_starts_without_training():
     assert [(m.name, m.source, m.position, m.num_steps) for m in deepened.models] == [
         ("gdpp-L4-u5-s0-d0", "gdpp-L3-u5-s1", 0, 2000), ("gdpp-L4-u5-s0-d2", "gdpp-L3-u5-s1", 2, 2000)]
     assert deepened.unstarted == {"gdpp-L4-u6-s0-d0": "gdpp-L3-u6-s0", "gdpp-L4-u6-s0-d2": "gdpp-L3-u6-s0"}
+    # cpu, 5 to 7 layers: deepened again from the model the table keeps one layer shallower (itself a deepened
+    # one), before the first or the last layer; the names keep the first seed of 3 layers, the last with seeds
+    for depth in (5, 6, 7):
+        shallower = f"diag-L{depth - 1}-u5-s0-d0"
+        again = plan_stack(cpu, depth, "diag", variants, ["5"], done={shallower}, shallower_choice={"5": shallower})
+        assert [(m.name, m.start, m.source, m.position) for m in again.models] == [
+            (f"diag-L{depth}-u5-s0-d0", "deepened", shallower, 0),
+            (f"diag-L{depth}-u5-s0-d{depth - 2}", "deepened", shallower, depth - 2)]
+        full = plan_stack(cpu, depth, "full", variants, ["5"], done={m.name for m in again.models})
+        assert [(m.start, m.source) for m in full.models] == [("widened", m.name) for m in again.models]
+    from icl_course.table1.budget import naming_seed
+    assert naming_seed(cpu, 6) == 0 and naming_seed(replace(cpu, seeds={
+        **{depth: () for depth in range(4, 8)}, 1: (0,), 2: (1,), 3: (2, 3)}), 6) == 2
 
 
-def test_jobs_split_the_table_into_processes_the_way_the_shipped_gpu_run_was_made():
+def test_jobs_split_the_table_into_processes_by_variant_unless_the_budget_nests():
     from icl_course.table1 import job_groups
 
-    six = job_groups("gpu", 6)          # one process per variant and half of the columns
+    six = job_groups("paper", 6)          # one process per variant and half of the columns
     assert [(name, variants, columns[0], len(columns)) for name, variants, columns in six] == [
         (f"{variant}-{half}", [variant], COLUMNS[5 * half], 5) for variant in ("gdpp", "diag", "full")
         for half in (0, 1)]
-    # the cpu budget nests Diag and Full in GD++'s folder: its variants stay together
-    assert {tuple(variants) for _, variants, _ in job_groups("cpu", 6)} == {("gdpp", "diag", "full")}
-    for budget in ("quick", "cpu", "gpu"):
+    # the cpu and gpu budgets nest Diag and Full in GD++'s folder: their variants stay together
+    for budget in ("cpu", "gpu"):
+        assert {tuple(variants) for _, variants, _ in job_groups(budget, 6)} == {("gdpp", "diag", "full")}
+    for budget in ("quick", "cpu", "gpu", "paper"):
         for jobs in (1, 2, 4, 7, 40):
             groups = job_groups(budget, jobs)
             assert len(groups) <= jobs

@@ -181,6 +181,8 @@ class Budget:
         return data
 
 
+_DEEP = (4, 5, 6, 7)   # the depths that only deepen the shallower model the table keeps
+
 BUDGETS = {
     "quick": Budget(
         "quick", depths=(1, 2, 3), steps={1: 150, 2: 300, 3: 300}, learning_rate=1e-2, batch_size=256,
@@ -188,32 +190,49 @@ BUDGETS = {
         checkpoint_every=100,
         description="a pipeline check for CI (minutes): small batches, few steps, 20 000 evaluation tasks"),
     "cpu": Budget(
-        # 4 layers train only from the 3-layer models the table keeps: GD++ and Diag with a pass-through layer
-        # (before layer 0 or 2), Full nested from that Diag; no seed trains from random weights there
-        "cpu", depths=(1, 2, 3, 4), steps={1: 1000, 2: 3000, 3: 5000, 4: 5000},
-        learning_rate={1: 1e-2, 2: 1e-2, 3: 5e-3, 4: 5e-3}, seeds={1: (0,), 2: (0, 1), 3: (0, 1), 4: ()},
-        batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500, 4: 500}, final_fraction=0.01, dtype="float32",
-        init_from_shallower=False, unclipped_steps={1: 0, 2: 2000, 3: 3000, 4: 3000}, unclipped_learning_rate=1e-4,
-        nested_init={1: False, 2: ("full",), 3: True, 4: ("full",)},
-        nested_learning_rate={1: None, 2: None, 3: {"full": 1e-5}, 4: {"full": 1e-5}},
+        # from 4 layers on, no model trains from random weights: GD++ and Diag start from the model the table
+        # keeps one layer shallower with a pass-through layer before its first or its last layer (deepened
+        # again at every depth), and Full nests from each of those Diag models
+        "cpu", depths=(1, 2, 3, 4, 5, 6, 7), steps={1: 1000, 2: 3000, 3: 5000, **dict.fromkeys(_DEEP, 5000)},
+        learning_rate={1: 1e-2, 2: 1e-2, 3: 5e-3, **dict.fromkeys(_DEEP, 5e-3)},
+        seeds={1: (0,), 2: (0, 1), 3: (0, 1), **dict.fromkeys(_DEEP, ())},
+        batch_size=512, warmup_steps={1: 50, 2: 200, 3: 500, **dict.fromkeys(_DEEP, 500)}, final_fraction=0.01,
+        dtype="float32", init_from_shallower=False,
+        unclipped_steps={1: 0, 2: 2000, 3: 3000, **dict.fromkeys(_DEEP, 3000)}, unclipped_learning_rate=1e-4,
+        nested_init={1: False, 2: ("full",), 3: True, **dict.fromkeys(_DEEP, ("full",))},
+        nested_learning_rate={1: None, 2: None, 3: {"full": 1e-5}, **dict.fromkeys(_DEEP, {"full": 1e-5})},
         deepen={1: None, 2: None, 3: Deepening(),
-                4: Deepening(variants=("gdpp", "diag"), positions=(0, 2), start="selected")},
+                **{depth: Deepening(variants=("gdpp", "diag"), positions=(0, depth - 2), start="selected")
+                   for depth in _DEEP}},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
-        description="depths 1-4 on a 2-core CPU in under an hour, the recipe of research/README.md"),
+        description="depths 1-7 on a 2-core CPU in about two hours (resumable), the recipe of research/README.md"),
     "gpu": Budget(
-        "gpu", depths=(1, 2, 3, 4, 5, 6, 7), seeds=(0, 1),
-        steps={1: 2000, 2: 6000, 3: 12000, 4: 12000, 5: 12000, 6: 12000, 7: 12000},
-        learning_rate={1: 1e-2, 2: 5e-3, 3: 2e-3, 4: 1e-3, 5: 1e-3, 6: 1e-3, 7: 1e-3},
-        batch_size=2048, warmup_steps={1: 50, 2: 200, 3: 500, 4: 500, 5: 500, 6: 500, 7: 500},
-        final_fraction=0.01, dtype={1: "float32", 2: "float32", 3: "float64", 4: "float64", 5: "float64",
-                                    6: "float64", 7: "float64"},
-        tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, checkpoint_every=1000,
-        description="the whole table on one GPU in minutes: our recipe (research/README.md)"),
+        # the cpu recipe scaled up: four times the batch, twice the steps, a third seed where seeds train
+        "gpu", depths=(1, 2, 3, 4, 5, 6, 7), steps={1: 2000, 2: 6000, 3: 10000, **dict.fromkeys(_DEEP, 10000)},
+        learning_rate={1: 1e-2, 2: 1e-2, 3: 5e-3, **dict.fromkeys(_DEEP, 5e-3)},
+        seeds={1: (0, 1), 2: (0, 1, 2), 3: (0, 1, 2), **dict.fromkeys(_DEEP, ())},
+        batch_size=2048, warmup_steps={1: 100, 2: 400, 3: 1000, **dict.fromkeys(_DEEP, 1000)}, final_fraction=0.01,
+        dtype="float32", init_from_shallower=False,
+        unclipped_steps={1: 0, 2: 4000, 3: 6000, **dict.fromkeys(_DEEP, 6000)}, unclipped_learning_rate=1e-4,
+        nested_init={1: False, 2: ("full",), 3: True, **dict.fromkeys(_DEEP, ("full",))},
+        nested_learning_rate={1: None, 2: None, 3: {"full": 1e-5}, **dict.fromkeys(_DEEP, {"full": 1e-5})},
+        deepen={1: None, 2: None, 3: Deepening(steps=4000),
+                **{depth: Deepening(variants=("gdpp", "diag"), positions=(0, depth - 2), steps=4000, start="selected")
+                   for depth in _DEEP}},
+        tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=50_000, checkpoint_every=1000,
+        description="the cpu recipe scaled up (batch 2048, twice the steps, three seeds) for one GPU"),
     "paper": Budget(
+        # the paper's own training as the seeds' candidates; from 4 layers on, every variant also gets two
+        # candidates deepened from the model the table keeps one layer shallower, trained the same way, and the
+        # light-tail rule picks among all of them
         "paper", depths=(1, 2, 3, 4, 5, 6, 7), seeds=(0, 1, 2, 3, 4), steps=200_000, learning_rate=1e-4,
         batch_size=2048, schedule="constant", clip_norm=None, init_from_shallower=False,
+        deepen={1: None, 2: None, 3: None,
+                **{depth: Deepening(variants=("gdpp", "diag", "full"), positions=(0, depth - 2), steps=50_000,
+                                    learning_rate=1e-4, warmup_steps=0, start="selected") for depth in _DEEP}},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, checkpoint_every=5000,
-        description="the paper's budget (Adam, lr 1e-4, batch 2048, 200 000 steps, best of 5 seeds) for a GPU"),
+        description="the paper's budget (Adam, lr 1e-4, batch 2048, 200 000 steps, best of 5 seeds) for a GPU, "
+                    "with candidates deepened from the shallower model the table keeps from 4 layers on"),
 }
 
 
@@ -359,6 +378,16 @@ class StackPlan:
     unstarted: dict
 
 
+def naming_seed(budget: Budget, depth: int) -> int:
+    """The seed in the names of the models deepened from ``depth``: its first seed, or that of the nearest
+    shallower depth with seeds where ``depth`` itself only deepens (the name of a model started from a
+    selected one keeps the first seed; its checkpoint says which model it was)."""
+    for shallower in range(depth, 0, -1):
+        if shallower in budget.depths and budget.seeds_at(shallower):
+            return budget.seeds_at(shallower)[0]
+    return 0
+
+
 def deepened_tags(budget: Budget, depth: int, variant: str, variants: Sequence[str]) -> dict:
     """``{name suffix: position}`` of the deepened candidates of ``variant`` at ``depth`` (position None:
     nested from a deepened smaller variant)."""
@@ -401,7 +430,7 @@ def plan_stack(budget: Budget, depth: int, variant: str, variants: Sequence[str]
     tags = deepened_tags(budget, depth, variant, variants)
     entries = [(seed, "") for seed in budget.seeds_at(depth)]
     if tags:
-        entries += [(budget.seeds_at(depth - 1)[0], tag) for tag in tags]
+        entries += [(naming_seed(budget, depth - 1), tag) for tag in tags]
     position = NESTED.index(variant)
     models, unstarted = [], {}
     for column in columns:

@@ -10,6 +10,7 @@ from typing import Sequence
 
 import torch
 
+from ..evaluate import Estimate
 from ..models import LinearTransformer
 from .budget import Budget, Table1Error, column_noise
 from .candidate import Candidate
@@ -26,21 +27,25 @@ def result_rows(budget: Budget, columns: Sequence[str], evaluations: dict, candi
         index = COLUMNS.index(column)
         for cell, selected in evaluation["selected"].items():
             candidate = candidates[selected]
-            mean, stderr, num_tasks = evaluation["scores"][cell]
+            mean, stderr, num_tasks, trimmed = evaluation["scores"][cell]
             paper = PAPER[candidate.variant][candidate.depth][index]
             metadata = candidate.metadata
             rows.append({"model": VARIANTS[candidate.variant], "variant": candidate.variant, "depth": candidate.depth,
                          "column": column, "noise": column_noise(column).label, "adjusted_loss": mean,
-                         "stderr": stderr, "num_tasks": num_tasks, "paper": paper, "budget": budget.name,
+                         "stderr": stderr, "num_tasks": num_tasks, "trimmed_mean": trimmed,
+                         "heavy_tail": Estimate(mean, stderr, num_tasks, trimmed).heavy_tailed(),
+                         "paper": paper, "budget": budget.name,
                          "seed": candidate.seed, "steps": metadata["steps"], "status": metadata["status"],
                          "wall_time_s": round(metadata["wall_time"], 2), "device": metadata["device"],
                          "dtype": metadata["dtype"],
                          "checkpoint": str(Path(candidate.path).relative_to(out))})
         for name in BASELINES:
-            mean, stderr, num_tasks = evaluation["scores"][name]
+            mean, stderr, num_tasks, trimmed = evaluation["scores"][name]
             rows.append({"model": name, "variant": name, "depth": None, "column": column,
                          "noise": column_noise(column).label, "adjusted_loss": mean, "stderr": stderr,
-                         "num_tasks": num_tasks, "paper": PAPER_BASELINES[name][index], "budget": budget.name,
+                         "num_tasks": num_tasks, "trimmed_mean": trimmed,
+                         "heavy_tail": Estimate(mean, stderr, num_tasks, trimmed).heavy_tailed(),
+                         "paper": PAPER_BASELINES[name][index], "budget": budget.name,
                          "seed": None, "steps": None, "status": "closed form", "wall_time_s": None,
                          "device": evaluation["device"], "dtype": "float64", "checkpoint": None})
     return rows
@@ -75,15 +80,29 @@ def markdown_table(rows: Sequence[dict]) -> str:
                 cells.append("")
                 continue
             mark = "" if row["status"] in ("finished", "closed form") else " (diverged)"
+            mark += " (heavy tail)" if row.get("heavy_tail") and row["depth"] is not None else ""
+            dagger = "†" if variant == "gdpp" and depth is not None and impossible_paper_cell(depth, column) else ""
             cells.append(f"{_format(row['adjusted_loss'])} ± {_format(row['stderr'])} "
-                         f"({_format(row['paper'])}){mark}")
+                         f"({_format(row['paper'])}{dagger}){mark}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any("†" in line for line in lines):
+        lines += ["", "† The paper's GD++ is below its own ConstRR in this column. GD++ is linear in the labels and "
+                  "ConstRR is the best learner that is (chapter 4), so no GD++ can be there in expectation: that "
+                  "number is not a target."]
     return "\n".join(lines) + "\n"
+
+
+def impossible_paper_cell(depth: int, column: str) -> bool:
+    """Whether the paper's GD++ at ``depth`` in ``column`` is below the paper's ConstRR by more than its
+    rounding and Monte-Carlo error (0.002): a value no label-linear learner reaches in expectation."""
+    index = COLUMNS.index(column)
+    return PAPER["gdpp"][depth][index] < PAPER_BASELINES["ConstRR"][index] - 0.002
 
 
 def write_outputs(out: Path, budget: Budget, config: dict, rows: list[dict], selected: Sequence[Candidate]) -> None:
     """``results.json``, ``results.csv``, ``table.md`` and ``models.pt`` (the ``selected`` models) under ``out``."""
-    fields = ["model", "variant", "depth", "column", "noise", "adjusted_loss", "stderr", "num_tasks", "paper",
+    fields = ["model", "variant", "depth", "column", "noise", "adjusted_loss", "stderr", "num_tasks",
+              "trimmed_mean", "heavy_tail", "paper",
               "budget", "seed", "steps", "status", "wall_time_s", "device", "dtype", "checkpoint"]
     write_json(out / "results.json", {"config": config, "rows": rows})
     temporary = out / "results.csv.tmp"

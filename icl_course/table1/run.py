@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..runtime import resolve_device
-from .budget import BUDGETS, Budget, Table1Error, check_run
+from .budget import BUDGETS, Budget, Table1Error, check_run, deepened_tags, naming_seed
 from .files import prepare_out, seconds_so_far, write_json
 from .paper import COLUMNS, VARIANTS, D, N, model_name
 from .report import result_rows, write_outputs
@@ -97,8 +97,7 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
     chosen = BUDGETS[budget]
     depths = []
     for depth in chosen.depths:
-        names = [f"{model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in chosen.seeds_at(depth)]
-        if not all(name in models for name in names):
+        if not all(name in models for name in _required(chosen, depth)):
             break
         depths.append(depth)
     if not depths:
@@ -109,15 +108,26 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
     _forget_fewer_depths(out / "config.json", config)
     prepare_out(out, config)
     for depth in depths:
-        seeds = chosen.seeds_at(depth)
-        for name in (f"{model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in seeds):
+        for name in _required(chosen, depth):
             shutil.copy2(models[name], out / "models" / name)
         # the deepened candidates (and those nested from them) the runs finished, so scoring does not retrain them
+        seeds = chosen.seeds_at(depth) or (naming_seed(chosen, depth - 1),)
         for name in (f"{model_name(v, depth, c, s)}-d" for v in VARIANTS for c in COLUMNS for s in seeds):
             for found in models:
                 if found.startswith(name) and found[len(name):-len(".pt")].isdigit():
                     shutil.copy2(models[found], out / "models" / found)
     return tuple(depths)
+
+
+def _required(budget: Budget, depth: int) -> list[str]:
+    """The model files a depth needs in every cell: its seeds' models, or, for a depth that only deepens the
+    shallower models, every deepened candidate and every one nested from them."""
+    seeds = budget.seeds_at(depth)
+    if seeds:
+        return [f"{model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in seeds]
+    seed = naming_seed(budget, depth - 1)
+    return [f"{model_name(v, depth, c, seed)}{tag}.pt" for v in VARIANTS for c in COLUMNS
+            for tag in deepened_tags(budget, depth, v, list(VARIANTS))]
 
 
 def _forget_fewer_depths(path: Path, config: dict) -> None:

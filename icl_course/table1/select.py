@@ -75,14 +75,16 @@ def evaluate_column(out: Path, budget: Budget, column: str, cells: dict[str, lis
 
     ``cells``: ``{cell: [candidates]}`` of this column.  Returns (and saves) the column's evaluation:
     the candidates, the selected one of each cell, the tuning scores and ``scores``, ``{cell or baseline:
-    [mean, stderr, tasks]}`` of the adjusted loss on a fresh sample.
+    [mean, stderr, tasks, trimmed mean]}`` of the adjusted loss on a fresh sample (the trimmed mean leaves
+    out the worst 0.01% of the tasks: :class:`~icl_course.evaluate.Estimate`).  A saved evaluation without
+    trimmed means, made before they were recorded, is scored again.
     """
     index = COLUMNS.index(column)
     path = out / "evaluation" / f"{COLUMN_IDS[index]}.json"
     names = {cell: [candidate.name for candidate in candidates] for cell, candidates in cells.items()}
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved.get("candidates") == names:
+        if saved.get("candidates") == names and all(len(score) == 4 for score in saved["scores"].values()):
             return saved
     started = time.perf_counter()
     noise = column_noise(column)
@@ -105,7 +107,8 @@ def evaluate_column(out: Path, budget: Budget, column: str, cells: dict[str, lis
     result = {"column": column, "candidates": names,
               "selected": {cell: candidate.name for cell, candidate in selection.items()},
               "tuning_scores": tuning_scores,
-              "scores": {name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()},
+              "scores": {name: [score.mean, score.stderr, score.num_tasks, score.trimmed_mean]
+                         for name, score in scores.items()},
               "baselines": {"ConstRR": constant.ridge_lambda, "TunedRR": [tuned.factor, tuned.cap]},
               "device": str(device), "seconds": time.perf_counter() - started}
     write_json(path, result)
