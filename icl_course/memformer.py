@@ -360,6 +360,10 @@ MODELS = {  # name -> (attention, memory): the trained families of chapter 5
 }
 SETTINGS = ("rotated", "isotropic")
 BASELINES = ("CG", "GD (tuned steps)", "momentum", "Nesterov")
+# Dutta et al.'s two experiments with every entry of P and Q trained (attention="full"), each a part of the results:
+# "heads", the CGD-like model with A_l as 1 and as 5 heads on the rotated data (their figure 5), and "quasi_newton",
+# the LFOM with tied gates whose P may update the inputs too, on both settings (their figure 3)
+FULL_ATTENTION = {"heads": ("CGD-like + A_l", (1, 5)), "quasi_newton": ("LFOM (tied gates)", SETTINGS)}
 RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4), "seeds": (0, 1, 2), "num_steps": 2000, "batch_size": 500,
           "learning_rate": 0.05, "warmup_steps": 100, "clip_norm": 1.0, "curve_every": 100, "curve_tasks": 20_000,
           "eval_tasks": 1_000_000, "shallow_eval_tasks": 200_000, "tune_tasks": 10_000, "baseline_tasks": 200_000}
@@ -457,7 +461,7 @@ def _stacked_loss(layer_weights, w, covariances):
 
 
 def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = None,
-                 fixed_batch: Optional[int] = None) -> dict:
+                 fixed_batch: Optional[int] = None, attention: Optional[str] = None, num_heads: int = 1) -> dict:
     """Train one model of ``family`` per depth in ``depths`` and per sampler, all at once (vectorised).
 
     The model for depth ``L`` and sampler ``m`` is built with seed ``seeds[m]``; all models of one sampler
@@ -467,6 +471,7 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     ``{L: (weights, curve)}``: a state dict whose tensors have the samplers first, and the
     (samplers, num_steps // curve_every + 1) curve.  ``fixed_batch=B`` fits one batch of ``B`` tasks per sampler
     instead (Dutta et al.'s small-batch experiment), returned as ``{L: (weights, curve, (X, y, w))}``.
+    ``attention`` and ``num_heads`` change the family's attention (``"full"``: every ``P`` and ``Q``) and heads.
     """
     r = recipe or RECIPE
     depths, deepest, S = list(depths), max(depths), len(samplers)
@@ -475,13 +480,13 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     # (trained on A_l alone, it stopped above its isotropic loss, which the affine invariance says it can reach).
     factored = family == "linear transformer"
     trained_as = "CGD-like + A_l" if factored else family
-    models = [build(trained_as, deepest, seed=seed) for _ in depths for seed in seeds]
+    models = [build(trained_as, deepest, num_heads, attention, seed=seed) for _ in depths for seed in seeds]
     params, buffers = stack_module_state(models)
     params = {k: v.detach().reshape(len(depths), S, *v.shape[1:]).requires_grad_(True) for k, v in params.items()}
     buffers = {k: v.reshape(len(depths), S, *v.shape[1:]) for k, v in buffers.items()}
     if factored:
         params["gamma"].data.zero_()
-    template = build(trained_as, deepest).to("meta")
+    template = build(trained_as, deepest, num_heads, attention).to("meta")
     factors = _factors(samplers)
     last = torch.tensor(depths) - 1
 
@@ -637,9 +642,10 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
     """
     r = dict(recipe or RECIPE)
     path = pathlib.Path(path)
-    unknown = set(redo) - {"baselines", "small_batch", *MODELS}
+    unknown = set(redo) - {"baselines", "small_batch", *FULL_ATTENTION, *MODELS}
     if unknown:
-        raise ValueError(f"cannot redo {sorted(unknown)}; choose among 'baselines', 'small_batch' and {list(MODELS)}")
+        raise ValueError(f"cannot redo {sorted(unknown)}; choose among 'baselines', 'small_batch', "
+                         f"{', '.join(map(repr, FULL_ATTENTION))} and {list(MODELS)}")
     results = {"recipe": r, "command": COMMAND, "models": {s: {f: {} for f in MODELS} for s in SETTINGS},
                "baselines": {}}
     if resume and path.exists():
@@ -648,7 +654,8 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
             raise ValueError(f"{path} was made with another recipe; pass resume=False (or another path) to start over")
         results["models"], results["baselines"] = done["models"], done["baselines"]
         results["seconds"] = done.get("seconds", {})
-        results.update({key: done[key] for key in ("small_batch", "total_seconds", "timing", "redone") if key in done})
+        results.update({key: done[key] for key in ("small_batch", "total_seconds", "timing", "redone", *FULL_ATTENTION)
+                        if key in done and key not in redo})
         if "baselines" in redo:
             results["baselines"] = {}
         if "small_batch" in redo:
@@ -676,26 +683,54 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
         if all(depth in results["models"][s][family] for s in SETTINGS for depth in r["depths"]):
             continue
         start = time.perf_counter()
-        trained = train_models(family, r["depths"], samplers, seeds * len(SETTINGS), r)
-        for depth, (weights, curve) in trained.items():
-            for index, setting in enumerate(SETTINGS):
-                chosen = range(index * len(seeds), (index + 1) * len(seeds))
-                scores = []
-                for m, seed in zip(chosen, seeds):
-                    model = build(family, depth)
-                    model.load_state_dict(unstack(weights, m))
-                    scores.append(score(model, samplers[m], eval_count(depth, r), seed=7_000 + 31 * seed + depth))
-                results["models"][setting][family][depth] = {
-                    "weights": {k: v[chosen.start:chosen.stop].clone() for k, v in weights.items()},
-                    "curve": curve[chosen.start:chosen.stop].clone(),
-                    "mean": torch.stack([s[0] for s in scores]), "stderr": torch.stack([s[1] for s in scores])}
+        trained = _trained_and_scored(family, samplers, seeds, r)
+        for index, setting in enumerate(SETTINGS):
+            results["models"][setting][family] = trained[index]
         results["seconds"] = {**results.get("seconds", {}), family: time.perf_counter() - start}
         torch.save(results, path)
         finals = [[results["models"][s][family][k]["mean"][:, -1].mean().item() for k in r["depths"]]
                   for s in SETTINGS]
         print(f"{family}: rotated {[f'{v:.3g}' for v in finals[0]]}, isotropic {[f'{v:.3g}' for v in finals[1]]}, "
               f"{time.perf_counter() - start:.0f} s", flush=True)
+    for part, (family, keys) in FULL_ATTENTION.items():
+        if part in results:
+            continue
+        start = time.perf_counter()
+        if part == "heads":     # the rotated data only, as the paper's figure
+            runs = {heads: _trained_and_scored(family, samplers[:len(seeds)], seeds, r, 1, "full", heads)[0]
+                    for heads in keys}
+        else:
+            runs = dict(zip(keys, _trained_and_scored(family, samplers, seeds, r, len(SETTINGS), "full")))
+        results[part] = runs
+        results["seconds"] = {**results.get("seconds", {}), part: time.perf_counter() - start}
+        torch.save(results, path)
+        finals = {key: [round(runs[key][depth]["mean"][:, -1].mean().item(), 4) for depth in r["depths"]]
+                  for key in keys}
+        print(f"{part}: {finals}, {time.perf_counter() - start:.0f} s", flush=True)
     return results
+
+
+def _trained_and_scored(family: str, samplers, seeds, r: dict, settings: int = len(SETTINGS),
+                        attention: Optional[str] = None, num_heads: int = 1) -> list[dict]:
+    """Train ``family`` at every depth of ``r`` on ``samplers`` (``settings`` groups of one per seed, all at
+    once) and score each model per layer on fresh tasks.  Returns, per group, ``{depth: {"weights" (seeds
+    first), "curve" (seeds, checkpoints), "mean", "stderr" (seeds, depth)}}``."""
+    trained = train_models(family, r["depths"], samplers, seeds * settings, r, attention=attention,
+                           num_heads=num_heads)
+    groups = [{} for _ in range(settings)]
+    for depth, (weights, curve) in trained.items():
+        for index in range(settings):
+            chosen = range(index * len(seeds), (index + 1) * len(seeds))
+            scores = []
+            for m, seed in zip(chosen, seeds):
+                model = build(family, depth, num_heads, attention)
+                model.load_state_dict(unstack(weights, m))
+                scores.append(score(model, samplers[m], eval_count(depth, r), seed=7_000 + 31 * seed + depth))
+            groups[index][depth] = {
+                "weights": {k: v[chosen.start:chosen.stop].clone() for k, v in weights.items()},
+                "curve": curve[chosen.start:chosen.stop].clone(),
+                "mean": torch.stack([s[0] for s in scores]), "stderr": torch.stack([s[1] for s in scores])}
+    return groups
 
 
 def load_experiments(path=PRETRAINED) -> dict:
@@ -724,6 +759,22 @@ def load_model(results: dict, setting: str, family: str, depth: int, seed: int =
                        f"a setting of {list(results['models'])}, a family of {list(MODELS)}, a depth of "
                        f"{tuple(results['recipe']['depths'])} and a seed index below {len(results['recipe']['seeds'])}")
     model = build(family, depth)
+    model.load_state_dict(unstack(runs[depth]["weights"], seed))
+    return model
+
+
+def load_full_attention_model(results: dict, part: str, key, depth: int, seed: int = 0) -> Memformer:
+    """A trained model of a part of ``FULL_ATTENTION``: ``part="heads"`` with ``key`` heads (1 or 5), or
+    ``part="quasi_newton"`` with ``key`` a setting; the ``seed``-th run, rebuilt on the CPU."""
+    if part not in FULL_ATTENTION:
+        raise KeyError(f"unknown part {part!r}; choose one of {list(FULL_ATTENTION)}")
+    family, keys = FULL_ATTENTION[part]
+    runs = results.get(part, {}).get(key, {})
+    if depth not in runs or not 0 <= seed < len(results["recipe"]["seeds"]):
+        raise KeyError(f"no trained model ({part!r}, {key!r}, depth {depth}, seed {seed}) in these results: "
+                       f"a key of {list(keys)}, a depth of {tuple(results['recipe']['depths'])} and a seed index "
+                       f"below {len(results['recipe']['seeds'])} (made by `--redo {part}`)")
+    model = build(family, depth, key if part == "heads" else 1, "full")
     model.load_state_dict(unstack(runs[depth]["weights"], seed))
     return model
 
@@ -759,7 +810,8 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=str(PRETRAINED))
     parser.add_argument("--restart", action="store_true", help="train every model again (default: keep those in --out)")
     parser.add_argument("--redo", nargs="+", default=[], metavar="PART",
-                        help="recompute only these parts of --out: baselines, small_batch or a family of MODELS")
+                        help="recompute only these parts of --out: baselines, small_batch, heads, quasi_newton "
+                             "or a family of MODELS")
     arguments = parser.parse_args()
     torch.set_num_threads(1)
     begin = time.perf_counter()

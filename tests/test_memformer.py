@@ -246,6 +246,15 @@ def test_experiments_resume_from_their_file_and_refuse_another_recipe(tmp_path, 
     path = tmp_path / "experiments.pt"
     first = memformer.run_experiments(path, recipe=tiny)
     assert all(len(first["models"][s][f]) == 2 for s in memformer.SETTINGS for f in memformer.MODELS)
+    # the two experiments with every entry of P and Q trained: 1 and 5 heads, and the LFOM that may update inputs
+    assert set(first["heads"]) == {1, 5} and set(first["quasi_newton"]) == set(memformer.SETTINGS)
+    five = memformer.load_full_attention_model(first, "heads", 5, 2)
+    assert five.config["num_heads"] == 5 and five.attention == "full" and tuple(five.P.shape[:2]) == (2, 5)
+    quasi = memformer.load_full_attention_model(first, "quasi_newton", "isotropic", 1)
+    assert quasi.memory == "lfom" and quasi.attention == "full" and quasi.num_layers == 1
+    assert first["quasi_newton"]["rotated"][2]["mean"].shape == (1, 2)
+    with pytest.raises(KeyError, match="made by `--redo heads`"):
+        memformer.load_full_attention_model(first, "heads", 3, 2)
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished model was trained again")
@@ -253,6 +262,9 @@ def test_experiments_resume_from_their_file_and_refuse_another_recipe(tmp_path, 
     again = memformer.run_experiments(path, recipe=tiny)
     assert torch.equal(again["models"]["rotated"]["LFOM (tied gates)"][2]["mean"],
                        first["models"]["rotated"]["LFOM (tied gates)"][2]["mean"])
+    assert torch.equal(again["heads"][5][2]["mean"], first["heads"][5][2]["mean"])
+    with pytest.raises(AssertionError, match="trained again"):   # a part named in redo is trained afresh
+        memformer.run_experiments(path, recipe=tiny, redo=("quasi_newton",))
     with pytest.raises(ValueError, match="another recipe"):
         memformer.run_experiments(path, recipe=dict(tiny, num_steps=4))
 
