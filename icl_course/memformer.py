@@ -786,10 +786,24 @@ def load_full_attention_model(results: dict, part: str, key, depth: int, seed: i
 
 def final_losses(results: dict, setting: str, family: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Each run's loss after its last layer, per depth: (means, standard errors), each (seeds, depths)."""
-    runs = results["models"][setting][family]
+    return run_losses(results["models"][setting][family])
+
+
+def run_losses(runs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`final_losses` of any ``{depth: run}`` of the results (a family's, or a part of ``FULL_ATTENTION``'s,
+    e.g. ``results["heads"][5]``): (means, standard errors), each (seeds, depths)."""
     depths = sorted(runs)
     return (torch.stack([runs[k]["mean"][:, -1] for k in depths], 1),
             torch.stack([runs[k]["stderr"][:, -1] for k in depths], 1))
+
+
+def late_fall(runs: dict, share: float = 0.25) -> torch.Tensor:
+    """How much each run's fresh-task training curve fell over the last ``share`` of its training, (seeds, depths):
+    ``curve[start of that stretch] / curve[end] - 1`` (0 for a flat curve; the sign says which way it moved)."""
+    depths = sorted(runs)
+    points = runs[depths[0]]["curve"].shape[-1]
+    back = round((points - 1) * share) + 1
+    return torch.stack([runs[k]["curve"][:, -back] / runs[k]["curve"][:, -1] - 1 for k in depths], 1)
 
 
 

@@ -78,7 +78,7 @@ def test_models_with_every_entry_of_p_and_q_trained(results):
     best = memformer.one_layer_optimum("rotated", "CGD-like + A_l")
 
     def means(runs):
-        return torch.stack([runs[depth]["mean"][:, -1] for depth in sorted(runs)], 1)
+        return memformer.run_losses(runs)[0]
     for part, keys in (("heads", (1, 5)), ("quasi_newton", memformer.SETTINGS)):
         for key in keys:
             one = results[part][key][1]
