@@ -53,7 +53,7 @@ from .data import RegressionTasks, TaskBatch, check_context, context_of
 from .evaluate import per_layer_loss
 from .models import ModelOutput
 from .optimizers import conjugate_gradient, gradient_descent, momentum_descent, tune_momentum, tune_step_sizes
-from .runtime import check_count, make_generator, resolve_device, resolve_dtype
+from .runtime import available_device, check_count, make_generator, resolve_device, resolve_dtype
 
 __all__ = ["ATTENTIONS", "MEMORIES", "MODELS", "SETTINGS", "BASELINES", "Memformer", "cg_coefficients",
            "momentum_coefficients", "covariance", "paper_tasks", "one_layer_optimum", "build", "train_models",
@@ -464,7 +464,8 @@ def _stacked_loss(layer_weights, w, covariances):
 
 
 def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = None,
-                 fixed_batch: Optional[int] = None, attention: Optional[str] = None, num_heads: int = 1) -> dict:
+                 fixed_batch: Optional[int] = None, attention: Optional[str] = None, num_heads: int = 1,
+                 device: str | torch.device = "cpu") -> dict:
     """Train one model of ``family`` per depth in ``depths`` and per sampler, all at once (vectorised).
 
     The model for depth ``L`` and sampler ``m`` is built with seed ``seeds[m]``; all models of one sampler
@@ -475,15 +476,18 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     (samplers, num_steps // curve_every + 1) curve.  ``fixed_batch=B`` fits one batch of ``B`` tasks per sampler
     instead (Dutta et al.'s small-batch experiment), returned as ``{L: (weights, curve, (X, y, w))}``.
     ``attention`` and ``num_heads`` change the family's attention (``"full"``: every ``P`` and ``Q``) and heads.
+    ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``) is where the models train; the tasks are drawn on the CPU with
+    the same generator on every device, and what is returned is on the CPU.
     """
     r = recipe or RECIPE
+    device = available_device(device)
     depths, deepest, S = list(depths), max(depths), len(samplers)
     # The plain linear transformer trains in the factored form alpha_l A_l (a CGD-like model whose gamma_l stay 0):
     # the same functions, but Adam then moves the scale of A_l as fast as its shape, which the rotated data need
     # (trained on A_l alone, it stopped above its isotropic loss, which the affine invariance says it can reach).
     factored = family == "linear transformer"
     trained_as = "CGD-like + A_l" if factored else family
-    models = [build(trained_as, deepest, num_heads, attention, seed=seed) for _ in depths for seed in seeds]
+    models = [build(trained_as, deepest, num_heads, attention, seed=seed).to(device) for _ in depths for seed in seeds]
     params, buffers = stack_module_state(models)
     params = {k: v.detach().reshape(len(depths), S, *v.shape[1:]).requires_grad_(True) for k, v in params.items()}
     buffers = {k: v.reshape(len(depths), S, *v.shape[1:]) for k, v in buffers.items()}
@@ -491,7 +495,8 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
         params["gamma"].data.zero_()
     template = build(trained_as, deepest, num_heads, attention).to("meta")
     factors = _factors(samplers)
-    last = torch.tensor(depths) - 1
+    covariances = factors[0].to(device)
+    last, each = (torch.tensor(depths) - 1).to(device), torch.arange(len(depths), device=device)
 
     def forward(p, b, X, y):
         return functional_call(template, {**p, **b}, (X, y)).layer_weights
@@ -500,13 +505,16 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
 
     def losses(X, y, w):   # (K, S) mean loss of each model's last layer
         weights = run(params, buffers, X, y)                    # (K, S, B, deepest, d)
-        final = weights[torch.arange(len(depths)), :, :, last]    # (K, S, B, d)
-        return _stacked_loss(final, w, factors[0]).mean(-1)
+        final = weights[each, :, :, last]    # (K, S, B, d)
+        return _stacked_loss(final, w, covariances).mean(-1)
+
+    def on_device(batch):
+        return tuple(tensor.to(device) for tensor in batch)
 
     leaves = list(params.values())
     optimizer = torch.optim.Adam(leaves, lr=r["learning_rate"])
     generator = make_generator(10_000 + 97 * sum(seeds))
-    checks = _stacked_batches(factors, r["curve_tasks"], make_generator(20_000))
+    checks = on_device(_stacked_batches(factors, r["curve_tasks"], make_generator(20_000)))
     curve = []
     for step in range(r["num_steps"] + 1):
         if step % r["curve_every"] == 0:
@@ -515,7 +523,8 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
         if step == r["num_steps"]:
             break
         if fixed_batch is None or step == 0:
-            batch = _stacked_batches(factors, r["batch_size"] if fixed_batch is None else fixed_batch, generator)
+            batch = on_device(_stacked_batches(factors, r["batch_size"] if fixed_batch is None else fixed_batch,
+                                               generator))
         loss = losses(*batch)
         optimizer.zero_grad()
         loss.sum().backward()
@@ -532,17 +541,18 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
         for group in optimizer.param_groups:
             group["lr"] = r["learning_rate"] * warm * 0.5 * (1 + math.cos(math.pi * step / r["num_steps"]))
         optimizer.step()
-    curve = torch.stack(curve, -1)
+    curve = torch.stack(curve, -1).cpu()
     trained = {}
     if factored:
         params = {"A": params["alpha"][..., None, None, None] * params["A"]}
     for index, depth in enumerate(depths):   # keep each model's own layers
-        weights = {k: v[index, :, :depth].detach().clone() for k, v in {**params, **buffers}.items()}
-        trained[depth] = (weights, curve[index]) if fixed_batch is None else (weights, curve[index], batch)
+        weights = {k: v[index, :, :depth].detach().cpu().clone() for k, v in {**params, **buffers}.items()}
+        trained[depth] = ((weights, curve[index]) if fixed_batch is None
+                          else (weights, curve[index], tuple(tensor.cpu() for tensor in batch)))
     return trained
 
 
-def small_batch_experiment(sizes=(1, 10), recipe: Optional[dict] = None) -> dict:
+def small_batch_experiment(sizes=(1, 10), recipe: Optional[dict] = None, device: str | torch.device = "cpu") -> dict:
     """Dutta et al.'s small-batch comparison: the scalar CGD-like Memformer fitted to one batch of ``B`` tasks
     (per seed, on the rotated data), scored on **that batch** against CG run on the same tasks, and on
     ``shallow_eval_tasks`` fresh tasks.  Returns ``{B: {"batch": (seeds, depths), "cg_batch": ..., "fresh": ...,
@@ -553,7 +563,7 @@ def small_batch_experiment(sizes=(1, 10), recipe: Optional[dict] = None) -> dict
     S = _factors(samplers)[0]
     out = {}
     for size in sizes:
-        trained = train_models("CGD-like (scalars)", r["depths"], samplers, seeds, r, fixed_batch=size)
+        trained = train_models("CGD-like (scalars)", r["depths"], samplers, seeds, r, fixed_batch=size, device=device)
         rows = {"batch": [], "cg_batch": [], "fresh": [], "fresh_stderr": []}
         for depth, (weights, _, (X, y, w)) in trained.items():
             fitted, cg, fresh, stderr = [], [], [], []
@@ -631,7 +641,8 @@ def _samplers(seeds) -> list:
     return [paper_tasks(setting, seed) for setting in SETTINGS for seed in seeds]
 
 
-def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict] = None, redo=()) -> dict:
+def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict] = None, redo=(),
+                    device: str | torch.device = "cpu") -> dict:
     """Train and score every model of chapter 5, tune and score the baselines; save all in ``path``.
 
     For each family of ``MODELS`` and each depth, one model per seed and setting (``SETTINGS``; on the
@@ -642,9 +653,11 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
     keys): ``results["models"][setting][family][depth]`` holds ``"weights"`` (a state dict, one model
     per seed along the first axis), ``"curve"`` (seeds, checkpoints), ``"mean"`` and ``"stderr"``
     (seeds, depth) and ``"seconds"``; ``results["baselines"][setting][method]`` as :func:`tuned_baselines`.
+    ``device`` is where the models train (:func:`train_models`); tuning and scoring run on the CPU in float64.
     """
     r = dict(recipe or RECIPE)
     path = pathlib.Path(path)
+    available_device(device)   # before hours of tuning, not after
     unknown = set(redo) - {"baselines", "small_batch", *FULL_ATTENTION, *MODELS}
     if unknown:
         raise ValueError(f"cannot redo {sorted(unknown)}; choose among 'baselines', 'small_batch', "
@@ -678,7 +691,7 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
             print(f"baselines {setting}: {time.perf_counter() - start:.0f} s", flush=True)
     if "small_batch" not in results:
         start = time.perf_counter()
-        results["small_batch"] = small_batch_experiment(recipe=r)
+        results["small_batch"] = small_batch_experiment(recipe=r, device=device)
         results["seconds"] = {**results.get("seconds", {}), "small batches": time.perf_counter() - start}
         torch.save(results, path)
         print(f"small batches: {time.perf_counter() - start:.0f} s", flush=True)
@@ -687,7 +700,7 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
         if all(depth in results["models"][s][family] for s in SETTINGS for depth in r["depths"]):
             continue
         start = time.perf_counter()
-        trained = _trained_and_scored(family, samplers, seeds, r)
+        trained = _trained_and_scored(family, samplers, seeds, r, device=device)
         for index, setting in enumerate(SETTINGS):
             results["models"][setting][family] = trained[index]
         results["seconds"] = {**results.get("seconds", {}), family: time.perf_counter() - start}
@@ -702,10 +715,11 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
             continue
         start = time.perf_counter()
         if part == "heads":     # the rotated data only, as the paper's figure
-            runs = {heads: _trained_and_scored(family, samplers[:len(seeds)], seeds, longer, 1, "full", heads)[0]
-                    for heads in keys}
+            runs = {heads: _trained_and_scored(family, samplers[:len(seeds)], seeds, longer, 1, "full", heads,
+                                               device)[0] for heads in keys}
         else:
-            runs = dict(zip(keys, _trained_and_scored(family, samplers, seeds, longer, len(SETTINGS), "full")))
+            runs = dict(zip(keys, _trained_and_scored(family, samplers, seeds, longer, len(SETTINGS), "full",
+                                                      device=device)))
         results[part], results["full_attention_steps"] = runs, longer["num_steps"]
         results["seconds"] = {**results.get("seconds", {}), part: time.perf_counter() - start}
         torch.save(results, path)
@@ -716,12 +730,12 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
 
 
 def _trained_and_scored(family: str, samplers, seeds, r: dict, settings: int = len(SETTINGS),
-                        attention: Optional[str] = None, num_heads: int = 1) -> list[dict]:
+                        attention: Optional[str] = None, num_heads: int = 1, device="cpu") -> list[dict]:
     """Train ``family`` at every depth of ``r`` on ``samplers`` (``settings`` groups of one per seed, all at
     once) and score each model per layer on fresh tasks.  Returns, per group, ``{depth: {"weights" (seeds
     first), "curve" (seeds, checkpoints), "mean", "stderr" (seeds, depth)}}``."""
     trained = train_models(family, r["depths"], samplers, seeds * settings, r, attention=attention,
-                           num_heads=num_heads)
+                           num_heads=num_heads, device=device)
     groups = [{} for _ in range(settings)]
     for depth, (weights, curve) in trained.items():
         for index in range(settings):
@@ -831,10 +845,16 @@ if __name__ == "__main__":
     parser.add_argument("--redo", nargs="+", default=[], metavar="PART",
                         help="recompute only these parts of --out: baselines, small_batch, heads, quasi_newton "
                              "or a family of MODELS")
+    parser.add_argument("--device", default="cpu",
+                        help="where the models train: cpu (default; the shipped file was made there), cuda or auto")
     arguments = parser.parse_args()
+    try:
+        available_device(arguments.device)
+    except ValueError as error:
+        parser.error(str(error))
     torch.set_num_threads(1)
     begin = time.perf_counter()
-    output = run_experiments(arguments.out, resume=not arguments.restart, redo=arguments.redo)
+    output = run_experiments(arguments.out, resume=not arguments.restart, redo=arguments.redo, device=arguments.device)
     output["total_seconds"] = output.get("total_seconds", 0.0) + time.perf_counter() - begin
     if arguments.redo:   # which parts a later run recomputed, with the command and its time
         output["redone"] = output.get("redone", []) + [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["resolve_device", "resolve_dtype", "make_generator", "check_count"]
+__all__ = ["resolve_device", "available_device", "resolve_dtype", "make_generator", "check_count"]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -40,6 +40,17 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         raise ValueError(
             f"device {device!r} is not a device torch knows; use 'auto', 'cpu', 'cuda' or 'mps'"
         ) from error
+
+
+def available_device(device: str | torch.device | None = "auto") -> torch.device:
+    """:func:`resolve_device`, refusing a CUDA or MPS device that this torch cannot see (with what to pass instead)."""
+    device = resolve_device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA GPU; use 'auto' or 'cpu'")
+    mps = getattr(torch.backends, "mps", None)
+    if device.type == "mps" and not (mps is not None and mps.is_available()):
+        raise ValueError("device 'mps' was asked for, but torch sees no Apple GPU; use 'auto' or 'cpu'")
+    return device
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

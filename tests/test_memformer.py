@@ -218,6 +218,27 @@ def test_train_models_trains_every_depth_and_seed_at_once_and_lowers_the_fresh_t
         model.load_state_dict(memformer.unstack(weights, 1))
 
 
+def test_train_models_trains_on_a_gpu_the_same_models_and_refuses_one_it_cannot_see(tmp_path):
+    from icl_course import memformer
+
+    recipe = dict(memformer.RECIPE, num_steps=20, batch_size=32, curve_every=10, curve_tasks=100)
+    samplers = [memformer.paper_tasks("rotated", 0)]
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no CUDA GPU; use 'auto' or 'cpu'"):
+            memformer.train_models("LFOM (tied gates)", (1,), samplers, [0], recipe, device="cuda")
+        with pytest.raises(ValueError, match="no CUDA GPU"):   # before any tuning starts
+            memformer.run_experiments(tmp_path / "never.pt", recipe=recipe, device="cuda")
+        assert not (tmp_path / "never.pt").exists()
+        pytest.skip("no CUDA GPU to compare with")
+    on_cpu = memformer.train_models("LFOM (tied gates)", (1, 2), samplers, [0], recipe)
+    on_gpu = memformer.train_models("LFOM (tied gates)", (1, 2), samplers, [0], recipe, device="cuda")
+    for depth in (1, 2):   # the same tasks in the same order, float64 on both: the same models to rounding
+        assert torch.allclose(on_gpu[depth][1], on_cpu[depth][1], rtol=1e-6)
+        for key, value in on_cpu[depth][0].items():
+            assert on_gpu[depth][0][key].device.type == "cpu"
+            assert torch.allclose(on_gpu[depth][0][key], value, rtol=1e-5, atol=1e-9), key
+
+
 def test_the_shipped_experiments_hold_every_model_at_every_depth_scored_on_enough_tasks():
     from icl_course import memformer
 
