@@ -37,7 +37,8 @@ from .runtime import make_generator
 
 __all__ = ["diagonal_weights_table", "effective_step", "per_task_adjusted_losses", "tail_summary",
            "compute_results", "compute_depth_profiles", "compute_head_comparison", "load_results", "RESULTS_PATH",
-           "PROFILE_SIGMAS", "DEPTH_PROFILE_RUN", "DEPTH_PROFILE_MODELS", "DEPTH_PROFILE_SIGMAS"]
+           "PROFILE_SIGMAS", "RESULTS_RUN", "DEPTH_PROFILE_RUN", "DEPTH_PROFILE_DEPTH", "DEPTH_PROFILE_MODELS",
+           "DEPTH_PROFILE_SIGMAS"]
 
 RESULTS_PATH = Path(__file__).parent / "pretrained" / "mixed_noise.json"
 #: the fixed noise levels of the shipped per-noise profiles (trained on sigma ~ U(0, 5); 6 is outside)
@@ -45,13 +46,18 @@ PROFILE_SIGMAS = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
 TUNING_SEED, EVALUATION_SEED = 11, 2025
 TASK_FEATURES = ("smallest_eigenvalue", "largest_eigenvalue", "label_energy", "sigma")
 LIGHT_NUM_TASKS = 100_000   # for learners without heavy tails: the baselines and models of 1-2 layers
-#: the Table 1 run whose deepest models :func:`compute_depth_profiles` evaluates: the ``cpu`` run (depths 1-4),
-#: whose models have no heavy tails at 3 and 4 layers outside the noiseless column
+#: the Table 1 run whose models :func:`compute_results` evaluates: the ``clipped`` run (depths 1-5), whose
+#: 3-layer models show heavy tails and whose 5-layer Diag on U(0, 5) has none
+RESULTS_RUN = "clipped"
+#: the Table 1 run whose deepest models :func:`compute_depth_profiles` evaluates: the ``cpu`` run (depths 1-7),
+#: whose models have no heavy tails in the columns below (its tails are in the noiseless column)
 DEPTH_PROFILE_RUN = "cpu"
-#: (variant, depth, column) of the models it evaluates: figure 2 (GD++ and Diag on U(0, 5), Diag on U(0, 7)),
+#: the depth of the models it evaluates: 7, that of the paper's figures 2, 3 and 6
+DEPTH_PROFILE_DEPTH = 7
+#: (variant, depth, column) of those models: figure 2 (GD++ and Diag on U(0, 5), Diag on U(0, 7)),
 #: figure 3 (Diag and Full trained on {1, 3}) and figure 6 (every layer of the GD++ and Diag models on U(0, 5))
-DEPTH_PROFILE_MODELS = (("gdpp", 4, "5"), ("diag", 4, "5"), ("diag", 4, "7"), ("diag", 4, "{1,3}"),
-                        ("full", 4, "{1,3}"))
+DEPTH_PROFILE_MODELS = tuple((variant, DEPTH_PROFILE_DEPTH, column) for variant, column in (
+    ("gdpp", "5"), ("diag", "5"), ("diag", "7"), ("diag", "{1,3}"), ("full", "{1,3}")))
 #: the fixed noise levels of those profiles: the whole range 0-7, so that U(0, 5) and {1, 3} extrapolate
 DEPTH_PROFILE_SIGMAS = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0)
 
@@ -134,8 +140,8 @@ def _estimate_dict(estimate: Estimate) -> dict:
 
 
 def compute_results(num_tasks: int = 1_000_000, path=None, log: Callable = print,
-                    tuning_tasks: int = 100_000) -> dict:
-    """Chapter 4's slow evaluations of the shipped Table 1 models; writes JSON to ``path`` (default: the package's).
+                    tuning_tasks: int = 100_000, run: str = RESULTS_RUN) -> dict:
+    """Chapter 4's slow evaluations of Table 1 run ``run``'s models; writes JSON to ``path`` (default: the package's).
 
     * ``profiles``: adjusted loss at each fixed ``sigma`` in :data:`PROFILE_SIGMAS` of the models trained
       on ``U(0, 5)`` (Diag 3 and 5 layers on ``num_tasks`` tasks per level; GD++ and Diag 2 layers, TunedRR
@@ -144,7 +150,8 @@ def compute_results(num_tasks: int = 1_000_000, path=None, log: Callable = print
     * ``floor``: per Table 1 column, TunedRR and the Bayes-optimal learner on 100 000 tasks, paired with the oracle;
     * ``tails``: the per-task distribution (:func:`tail_summary`) of two cells with heavy tails and one without.
 
-    TunedRR is tuned on ``tuning_tasks`` tasks of another seed.  About 45 minutes on one CPU core.
+    TunedRR is tuned on ``tuning_tasks`` tasks of another seed.  About 45 minutes on one CPU core.  The file
+    is written anew: run :func:`compute_depth_profiles` and :func:`compute_head_comparison` after it.
     """
     from .table1 import COLUMNS, column_noise, load_table1_model
 
@@ -156,9 +163,9 @@ def compute_results(num_tasks: int = 1_000_000, path=None, log: Callable = print
     # Light-tailed learners need fewer tasks; an evaluation of fewer tasks with the same seed scores the
     # first tasks of the longer one, so every profile is still paired with the others.
     groups = [
-        ({f"{name} {depth}": load_table1_model(variant, depth, "5").double()
+        ({f"{name} {depth}": load_table1_model(variant, depth, "5", run).double()
           for name, variant, depth in (("Diag", "diag", 3), ("Diag", "diag", 5))}, num_tasks),
-        ({f"{name} {depth}": load_table1_model(variant, depth, "5").double()
+        ({f"{name} {depth}": load_table1_model(variant, depth, "5", run).double()
           for name, variant, depth in (("GD++", "gdpp", 2), ("Diag", "diag", 2))}
          | dict(TunedRR=tuned, Bayes=BayesOptimal(column_noise("5"))), light_tasks),
     ]
@@ -172,7 +179,7 @@ def compute_results(num_tasks: int = 1_000_000, path=None, log: Callable = print
     per_layer = {}
     for name, variant in (("GD++", "gdpp"), ("Diag", "diag"), ("Full", "full")):
         per_layer[f"{name} 5"] = [_estimate_dict(estimate) for estimate in per_layer_loss(
-            load_table1_model(variant, 5, "5").double(), tasks, num_tasks, seed=EVALUATION_SEED, adjusted=True)]
+            load_table1_model(variant, 5, "5", run).double(), tasks, num_tasks, seed=EVALUATION_SEED, adjusted=True)]
     log(f"per-layer losses done ({time.perf_counter() - started:.0f} s)")
     floor = {}
     for column in COLUMNS:
@@ -185,11 +192,11 @@ def compute_results(num_tasks: int = 1_000_000, path=None, log: Callable = print
     log(f"Bayes floor done ({time.perf_counter() - started:.0f} s)")
     tails = {}
     for variant, depth, column in (("diag", 3, "7"), ("full", 3, "0"), ("diag", 5, "5")):
-        model = load_table1_model(variant, depth, column).double()
+        model = load_table1_model(variant, depth, column, run).double()
         sampler = RegressionTasks(10, 20, noise=column_noise(column), dtype=torch.float64, device="cpu")
         tails[f"{variant} {depth} {column}"] = tail_summary(*per_task_adjusted_losses(model, sampler, num_tasks))
     log(f"tails done ({time.perf_counter() - started:.0f} s)")
-    results = dict(num_tasks=num_tasks, sigmas=list(PROFILE_SIGMAS), profiles=profiles, per_layer=per_layer,
+    results = dict(run=run, num_tasks=num_tasks, sigmas=list(PROFILE_SIGMAS), profiles=profiles, per_layer=per_layer,
                    floor=floor, tails=tails, tuned_on="U(0, 5)", tuned=dict(factor=tuned.factor, cap=tuned.cap),
                    command="python -m icl_course.mixed_noise", torch=torch.__version__,
                    seconds=round(time.perf_counter() - started, 1))

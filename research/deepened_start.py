@@ -110,7 +110,7 @@ def full_rates(run: Path, args) -> None:
 def selected_models(run, args, variant: str = "diag") -> dict:
     """{column: (name, model)} of each column's selected ``variant`` of ``args.depth`` layers, in float64.
 
-    ``run`` is a run's ``--out`` folder, or the name of a shipped run (``"cpu"``, ``"gpu"``), whose
+    ``run`` is a run's ``--out`` folder, or the name of a shipped run (``"cpu"``, ``"clipped"``), whose
     ``models.pt`` holds the selected models only."""
     if run in SHIPPED:
         return {column: (f"shipped {run}", load_table1_model(variant, args.depth, column, path=run).double())

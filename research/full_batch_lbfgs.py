@@ -79,7 +79,7 @@ def describe(losses: torch.Tensor, features: dict, worst: int) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", default="cpu", help="a shipped run ('cpu', 'gpu') or a table1 --out folder")
+    parser.add_argument("--run", default="cpu", help="a shipped run ('cpu', 'clipped') or a table1 --out folder")
     parser.add_argument("--columns", nargs="+", default=["5"], choices=COLUMNS)
     parser.add_argument("--variant", default="diag", choices=("gdpp", "diag"),
                         help="the 3-layer model to minimise (GD++ has 9 weights, Diag 12)")

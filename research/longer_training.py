@@ -31,7 +31,7 @@ TRAINED = ("diag", "full")
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", default="cpu", help="a shipped run ('cpu', 'gpu') or a table1 --out folder")
+    parser.add_argument("--run", default="cpu", help="a shipped run ('cpu', 'clipped') or a table1 --out folder")
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--columns", nargs="+", default=["5", "7", "{1,3,5}"], choices=COLUMNS)
     parser.add_argument("--segments", type=int, default=5, help="the last one decays on a cosine")

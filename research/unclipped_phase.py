@@ -48,7 +48,7 @@ def _train(variant, depth, starts, args, seed):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", default="cpu", help="a shipped run ('cpu', 'gpu') or a table1 --out folder")
+    parser.add_argument("--run", default="cpu", help="a shipped run ('cpu', 'clipped') or a table1 --out folder")
     parser.add_argument("--mode", default="continue", choices=["continue", "nested", "full-from-diag"])
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--columns", nargs="+", default=list(COLUMNS), choices=COLUMNS)

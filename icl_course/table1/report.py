@@ -130,20 +130,26 @@ def write_outputs(out: Path, budget: Budget, config: dict, rows: list[dict], sel
         raise Table1Error(f"could not write {out / 'models.pt'} ({error.strerror or error})") from None
 
 
-#: the runs shipped with the package: budget -> folder (each has a README with the command that made it)
-SHIPPED = {"gpu": Path(__file__).parent.parent / "pretrained" / "table1",
-           "cpu": Path(__file__).parent.parent / "pretrained" / "table1_cpu"}
+#: the runs shipped with the package, name -> folder (each has a README with the command that made it):
+#: ``"cpu"`` (the default: depths 1-7 by this package's ``cpu`` budget) and ``"clipped"`` (depths 1-5 by an
+#: earlier ``gpu`` budget that clipped the gradients to the end of training; heavy-tailed cells from 3 layers)
+SHIPPED = {"cpu": Path(__file__).parent.parent / "pretrained" / "table1_cpu",
+           "clipped": Path(__file__).parent.parent / "pretrained" / "table1_clipped"}
+DEFAULT_RUN = "cpu"
 
 
 def shipped_or_path(path, file_name: str) -> Path:
     if path is None or path in SHIPPED:
-        path = SHIPPED[path or "gpu"] / file_name
+        path = SHIPPED[path or DEFAULT_RUN] / file_name
     else:
         path = Path(path)
         path = path / file_name if path.is_dir() else path
     if not path.exists():
+        renamed = (" (the shipped run that an earlier `gpu` budget made is now called 'clipped')"
+                   if str(path) == "gpu" else "")
         raise FileNotFoundError(f"no Table 1 {file_name} at {path}; pass the --out folder of an "
-                                f"`icl-course table1` run, or a shipped run: {', '.join(map(repr, SHIPPED))}")
+                                f"`icl-course table1` run, or a shipped run: {', '.join(map(repr, SHIPPED))}"
+                                + renamed)
     return path
 
 
@@ -154,8 +160,8 @@ def _damaged(path: Path) -> Table1Error:
 
 
 def load_results(path=None) -> list[dict]:
-    """The rows of a ``results.json``: of a run's folder or file, or of a shipped run, ``"gpu"`` (the
-    default; depths 1-5) or ``"cpu"`` (depths 1-4, this package's ``cpu`` budget)."""
+    """The rows of a ``results.json``: of a run's folder or file, or of a shipped run, ``"cpu"`` (the
+    default: depths 1-7, this package's ``cpu`` budget) or ``"clipped"`` (depths 1-5, clipped to the end)."""
     path = shipped_or_path(path, "results.json")
     try:
         return json.loads(path.read_text())["rows"]
@@ -165,7 +171,7 @@ def load_results(path=None) -> list[dict]:
 
 def load_table1_model(variant: str, depth: int, column: str, path=None) -> LinearTransformer:
     """The model selected for one cell of a run (``path`` as in :func:`load_results`; default: the
-    shipped ``"gpu"`` run)."""
+    shipped ``"cpu"`` run)."""
     path = shipped_or_path(path, "models.pt")
     try:
         bundle = torch.load(path, map_location="cpu", weights_only=True)["models"]
