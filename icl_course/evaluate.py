@@ -79,8 +79,9 @@ class Estimate:
         its trimmed mean."""
         values = torch.as_tensor(values, dtype=torch.float64).flatten()
         mean, stderr = mean_and_stderr(values)
-        worst = values.topk(trimmed_count(values.numel())).values.sum()
-        trimmed = (values.sum() - worst) / (values.numel() - trimmed_count(values.numel()))
+        kept = values.numel() - trimmed_count(values.numel())
+        # summed directly, not as the total minus the worst: one task of 1e22 would cancel all the others
+        trimmed = values.sort().values[:kept].sum() / kept
         return cls(float(mean), float(stderr), values.numel(), float(trimmed))
 
     def heavy_tailed(self, relative_stderr: float = 0.02, trimmed_gap: float = 0.05) -> bool:
@@ -158,7 +159,7 @@ def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: Regress
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 2:
         raise ValueError(f"num_tasks must be at least 2 to have a standard error, got {num_tasks}")
     generator = make_generator(EVALUATION_SEED if seed is None else seed)
-    total = total_squares = worst = None
+    total = total_squares = worst = rest = None
     kept = trimmed_count(num_tasks)
     done = 0
     with torch.no_grad():
@@ -169,11 +170,15 @@ def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: Regress
             total = sums if total is None else total + sums
             total_squares = squares if total_squares is None else total_squares + squares
             pool = values.cpu() if worst is None else torch.cat([worst, values.cpu()])
-            worst = pool.topk(min(kept, pool.shape[0]), dim=0).values
+            ordered = pool.sort(dim=0, descending=True).values
+            # what leaves the running top-k is summed as it leaves: the trimmed mean is then a sum of the
+            # kept values, not the total minus the worst, which one task of 1e22 would cancel to nothing
+            worst, evicted = ordered[:kept], ordered[kept:].sum(0)
+            rest = evicted if rest is None else rest + evicted
             done += size
     mean = total / num_tasks
     variance = (total_squares / num_tasks - mean**2).clamp(min=0) * num_tasks / (num_tasks - 1)
-    trimmed = (total - worst.sum(0)) / (num_tasks - kept)
+    trimmed = rest / (num_tasks - kept)
     return [Estimate(float(m), math.sqrt(float(v) / num_tasks), num_tasks, float(t))
             for m, v, t in zip(mean, variance, trimmed)]
 

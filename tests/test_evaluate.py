@@ -167,3 +167,16 @@ def test_the_trimmed_mean_leaves_out_the_worst_hundredth_of_a_percent_chunk_by_c
     tail = Estimate.from_samples(values)
     assert tail.stderr < 0.02 * tail.mean and tail.trimmed_mean == pytest.approx(1.0) and tail.heavy_tailed()
     assert Estimate(float("nan"), 0.0, 10).heavy_tailed() and not Estimate(1.0, 0.01, 10).heavy_tailed()
+    # one task at 1e22 among ones (a 5-layer Table 1 model had such a task): the trimmed mean is still the ones'
+    # mean, not the total minus the worst, which rounds to 0 (the shipped run once recorded 0.0 for that cell)
+    values = torch.ones(20_000, dtype=torch.float64)
+    values[12_345] = 1e22
+    assert Estimate.from_samples(values).trimmed_mean == 1.0
+    served = []
+
+    def in_order(batch):   # the same values, chunk by chunk (the large one is in the second of three chunks)
+        start = sum(served)
+        served.append(batch.y.shape[0])
+        return values[start:start + batch.y.shape[0]]
+    (chunked,) = _monte_carlo(in_order, RegressionTasks(3, 5), 20_000, 7_000, seed=0)
+    assert chunked.trimmed_mean == 1.0 and chunked.mean > 1e17 and served == [7_000, 7_000, 6_000]

@@ -261,7 +261,8 @@ def test_the_shipped_cpu_run_is_the_default_the_cpu_budget_at_depths_1_to_7_and_
     heavy = {cell for cell, row in cells.items() if row["heavy_tail"]}
     assert heavy == {(v, d, "0") for v in PAPER for d in (4, 5, 6, 7)} - {("diag", 7, "0"), ("full", 7, "0")} | {
         ("full", 4, "1")}
-    assert cells["full", 5, "0"]["adjusted_loss"] > 1e15   # one task in a million: the README's worst cell
+    worst = cells["full", 5, "0"]   # one task in a million: the README's worst cell, and its trimmed mean
+    assert worst["adjusted_loss"] > 1e15 and 0.002 < worst["trimmed_mean"] < 0.003
     noisy = [column for column in COLUMNS if column != "0"]
     for (variant, depth, column), row in cells.items():
         if depth >= 3 and column != "0" and (variant, depth, column) != ("full", 4, "1"):
