@@ -180,7 +180,12 @@ def load_table1_model(variant: str, depth: int, column: str, path=None) -> Linea
     prefix = model_name(variant, depth, column, 0).rsplit("-s", 1)[0] + "-s"
     matches = [name for name in bundle if name.startswith(prefix)]
     if not matches:
-        raise KeyError(f"no {variant} model of {depth} layers for column {column} in {path}")
+        why = ""
+        if any(name.startswith(f"{variant}-L{depth}-") for name in bundle):   # the depth is there, this cell is not
+            readme = path.parent / "README.md"
+            why = (f"; this run has {variant} models of {depth} layers for other columns, but no candidate of this "
+                   f"cell could be trained" + (f" ({readme} says why)" if readme.is_file() else ""))
+        raise KeyError(f"no {variant} model of {depth} layers for column {column} in {path}{why}")
     entry = bundle[matches[0]]
     model = LinearTransformer(**entry["config"], device="cpu")
     model.load_state_dict(entry["state"])
