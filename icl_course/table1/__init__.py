@@ -23,7 +23,7 @@ What :func:`run_table1` does, and what it writes under ``out``:
    without seeds trains only those;
 2. tunes ConstRR and TunedRR on one sample per column, keeps the best candidate (seed or start) of each
    cell on that sample (for a cell of 3 layers or more: on ``eval_tasks_deep`` tasks of it, and among the
-   candidates whose standard error there is at most 1% of their mean, if any: the others have heavy
+   candidates whose standard error there is at most 2% of their mean, if any: the others have heavy
    tails), and scores models and baselines on a fresh sample, paired with the oracle on the very same
    tasks (``evaluation/``), in chunks;
 3. writes ``results.json``, ``results.csv``, ``table.md`` (each of our numbers beside the paper's),

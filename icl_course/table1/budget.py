@@ -416,7 +416,8 @@ def clipped_steps(budget: Budget, depth: int, variant: str, variants: Sequence[s
 
 
 def plan_stack(budget: Budget, depth: int, variant: str, variants: Sequence[str], columns: Sequence[str],
-               done: set, shallower_choice: Optional[dict] = None) -> StackPlan:
+               done: set, shallower_choice: Optional[dict] = None,
+               unfinished_smaller: Optional[dict] = None) -> StackPlan:
     """The models one stack trains, without training or reading anything.
 
     Args:
@@ -424,6 +425,9 @@ def plan_stack(budget: Budget, depth: int, variant: str, variants: Sequence[str]
         done: the names of the finished models of the run so far (shallower depths, smaller variants).
         shallower_choice: ``{column: name}``, the candidate each cell one layer shallower keeps; needed
             only when the depth's :class:`Deepening` starts from the ``"selected"`` model.
+        unfinished_smaller: ``{column: name}``, for a nested variant, the model the smaller variant's cell
+            keeps in the columns where none of its candidates finished (the spike rule stopped them all):
+            the nested variant then starts from that one rather than leave its cell empty.
     """
     settings = budget.settings(depth)
     deepening = settings["deepen"]
@@ -447,8 +451,10 @@ def plan_stack(budget: Budget, depth: int, variant: str, variants: Sequence[str]
                     continue
                 models.append(PlannedModel(name, column, seed, "deepened", shallower, tags[tag], deepening.steps,
                                            deepening.learning_rate, deepening.warmup_steps, budget.schedule))
-            elif variant in settings["nested_init"] and smaller in done:
-                # the smaller model's function, then only the unclipped phase (research/README.md)
+            elif variant in settings["nested_init"] and (smaller in done or smaller == (unfinished_smaller or {}).get(
+                    column)):
+                # the smaller model's function, then only the unclipped phase (research/README.md); where no
+                # smaller candidate finished, the one its cell keeps, so that no cell is left without a model
                 rate = settings["nested_learning_rate"].get(variant, budget.unclipped_learning_rate)
                 models.append(PlannedModel(name, column, seed, "widened", smaller, None,
                                            settings["unclipped_steps"], rate, 0, "constant"))

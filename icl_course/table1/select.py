@@ -22,19 +22,32 @@ from .candidate import Candidate
 from .files import write_json
 from .paper import COLUMN_IDS, COLUMNS, D, N
 
+#: a deep cell's candidate counts as light-tailed when its standard error on the tuning tasks is at most this
+#: share of its mean: the same bound the table uses to flag a heavy tail (:meth:`Estimate.heavy_tailed`)
+LIGHT_TAIL_STDERR = 0.02
+
 
 def pick_candidate(scores: dict[str, Estimate], deep: bool) -> str:
     """The candidate of a cell with the lowest mean on the tuning sample (``scores``: name -> Estimate).
 
     For a deep cell, scored on a million tasks, only among the candidates whose standard error is at most
-    1% of their mean, if there are any: a larger one is the mark of a heavy tail, whose mean that many
-    tasks do not pin down (a few tasks in a million carry it).  A mean that is not finite never wins.
+    ``LIGHT_TAIL_STDERR`` (2%) of their mean, if there are any: a larger one is the mark of a heavy tail, whose
+    mean that many tasks do not pin down (a few tasks in a million carry it).  A mean that is not finite never
+    wins.
     """
     if deep:
-        light = {name: score for name, score in scores.items() if score.stderr <= 0.01 * abs(score.mean)}
+        light = {name: score for name, score in scores.items()
+                 if score.stderr <= LIGHT_TAIL_STDERR * abs(score.mean)}
         scores = light or scores
     means = {name: (score.mean if math.isfinite(score.mean) else math.inf) for name, score in scores.items()}
     return min(means, key=means.get)
+
+
+def newer_than(path: Path, candidates: Sequence[Candidate]) -> bool:
+    """Whether the saved file ``path`` was written after every candidate's model: a result saved before a
+    candidate was trained again describes another model and must be redone."""
+    written = path.stat().st_mtime
+    return all(not candidate.path.exists() or candidate.path.stat().st_mtime <= written for candidate in candidates)
 
 
 def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: Sequence[Candidate],
@@ -43,8 +56,9 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
 
     Every candidate is scored on the column's tuning tasks (a cell of 3 layers or more on ``eval_tasks_deep``
     of them: a deep model's mean can hang on one task in a million) and :func:`pick_candidate` chooses.  The
-    choice is saved in ``selections/`` and read back while the candidates stay the same: a deeper model
-    that starts from it and the evaluation see the same one.
+    choice is saved in ``selections/`` and read back while the candidates stay the same and none was trained
+    again since (the saved scores are then picked from again, by the current rule): a deeper model that
+    starts from it and the evaluation see the same one.
     """
     usable = [candidate for candidate in candidates if candidate.finished] or list(candidates)
     by_name = {candidate.name: candidate for candidate in usable}
@@ -53,8 +67,12 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
     path = out / "selections" / f"{cell}-{COLUMN_IDS[COLUMNS.index(column)]}.json"
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved.get("candidates") == list(by_name):
-            return by_name[saved["selected"]], saved["scores"]
+        if saved.get("candidates") == list(by_name) and newer_than(path, usable):
+            chosen = pick_candidate({name: Estimate(*score[:2], int(score[2])) for name, score
+                                     in saved["scores"].items()}, usable[0].depth >= 3)
+            if chosen != saved["selected"]:
+                write_json(path, dict(saved, selected=chosen))
+            return by_name[chosen], saved["scores"]
     models = {name: candidate.model.to(device) for name, candidate in by_name.items()}
     deep_cell = usable[0].depth >= 3
     sampler = RegressionTasks(D, N, column_noise(column), dtype=torch.float64, device=device)
@@ -77,14 +95,18 @@ def evaluate_column(out: Path, budget: Budget, column: str, cells: dict[str, lis
     the candidates, the selected one of each cell, the tuning scores and ``scores``, ``{cell or baseline:
     [mean, stderr, tasks, trimmed mean]}`` of the adjusted loss on a fresh sample (the trimmed mean leaves
     out the worst 0.01% of the tasks: :class:`~icl_course.evaluate.Estimate`).  A saved evaluation without
-    trimmed means, made before they were recorded, is scored again.
+    trimmed means, made before they were recorded, is scored again, and so is one older than a candidate's
+    model or whose cells now keep other candidates.
     """
     index = COLUMNS.index(column)
     path = out / "evaluation" / f"{COLUMN_IDS[index]}.json"
     names = {cell: [candidate.name for candidate in candidates] for cell, candidates in cells.items()}
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved.get("candidates") == names and all(len(score) == 4 for score in saved["scores"].values()):
+        if saved.get("candidates") == names and all(len(score) == 4 for score in saved["scores"].values()) \
+                and newer_than(path, [candidate for candidates in cells.values() for candidate in candidates]) \
+                and saved["selected"] == {cell: cell_choice(out, budget, column, cell, candidates, device)[0].name
+                                          for cell, candidates in cells.items()}:
             return saved
     started = time.perf_counter()
     noise = column_noise(column)

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import torch
 
 from ..checkpoints import CheckpointError, load_checkpoint, save_checkpoint
-from ..models import LinearTransformer, deepen, widen
+from ..models import NESTED, LinearTransformer, deepen, widen
 from ..sweep import ModelSpec, SweepResult, train_sweep
 from .budget import BUDGETS, Budget, PlannedModel, StackPlan, Table1Error, clipped_steps, column_noise, plan_stack
 from .candidate import Candidate
@@ -132,13 +132,30 @@ class StackTrainer:
                                          self.device)[0].name
         return choice
 
+    def unfinished_smaller(self, depth: int, variant: str) -> dict:
+        """``{column: name}``: where a nested variant's smaller variant has candidates but none finished, the
+        one its cell keeps (picked as the evaluation picks it), for the nested variant to start from."""
+        position = NESTED.index(variant)
+        if not position or variant not in self.budget.settings(depth)["nested_init"] \
+                or NESTED[position - 1] not in self.variants:
+            return {}
+        smaller, choice = NESTED[position - 1], {}
+        for column in self.columns:
+            cell = [candidate for candidate in self.candidates.values()
+                    if (candidate.variant, candidate.depth, candidate.column) == (smaller, depth, column)]
+            if cell and not any(candidate.finished for candidate in cell):
+                choice[column] = cell_choice(self.out, self.budget, column, f"{smaller}-L{depth}", cell,
+                                             self.device)[0].name
+        return choice
+
     def train_stack(self, depth: int, variant: str) -> None:
         """Plan, train (both phases) and load one stack's models."""
         done = {name for name, candidate in self.candidates.items() if candidate.finished}
         plan = plan_stack(self.budget, depth, variant, self.variants, self.columns, done,
-                          self.shallower_choice(depth, variant))
+                          self.shallower_choice(depth, variant), self.unfinished_smaller(depth, variant))
         for name, start in plan.unstarted.items():
             self.log(f"{name} is not trained: its start, {start}, did not finish")
+        self.set_aside_stale(plan)
         specs = [model_spec(planned, variant, self.candidates) for planned in plan.models]
         final = {spec.name: self.out / "models" / f"{spec.name}.pt" for spec in specs}
         first = {name: path.with_name(f"{name}.clipped.pt") for name, path in final.items()} if plan.two_phases \
@@ -151,6 +168,31 @@ class StackTrainer:
             model, metadata = load_trained(final[spec.name], variant, depth, spec.key())
             self.candidates[spec.name] = Candidate(spec.name, variant, depth, planned.column, spec.seed,
                                                    final[spec.name], model, metadata)
+
+    def set_aside_stale(self, plan: StackPlan) -> None:
+        """Rename the saved models of ``plan`` that no longer start where the plan says (``NAME.stale.pt``), so
+        that they train again: a deepened model whose shallower cell now keeps another candidate, or any model
+        whose start was trained again after it (nothing is deleted)."""
+        for planned in plan.models:
+            if planned.source is None:
+                continue
+            final = self.out / "models" / f"{planned.name}.pt"
+            saved = [path for path in (final, final.with_name(f"{planned.name}.clipped.pt")) if path.exists()]
+            if not saved:
+                continue
+            source = self.candidates[planned.source].path
+            why = None
+            if source.exists() and source.stat().st_mtime > min(path.stat().st_mtime for path in saved):
+                why = f"its start, {planned.source}, was trained again after it"
+            elif planned.start == "deepened":
+                recorded = load_checkpoint(saved[0], device="cpu").metadata.get("deepened_from", "")
+                if recorded and not recorded.startswith(f"{planned.source},"):
+                    why = f"it was deepened from {recorded.split(',')[0]}, but the table now keeps {planned.source}"
+            if why is None:
+                continue
+            for path in saved:
+                path.replace(path.with_name(path.name[:-len(".pt")] + ".stale.pt"))
+            self.log(f"{planned.name} trains again: {why} (the old model is kept as {final.stem}.stale.pt)")
 
     def metadata(self, result: SweepResult, spec: ModelSpec, depth: int) -> dict:
         """What a model's checkpoint records about its training."""
