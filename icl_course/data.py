@@ -31,6 +31,7 @@ __all__ = [
     "CategoricalNoise",
     "as_noise",
     "RegressionTasks",
+    "StretchedTasks",
     "context_gram",
     "check_context",
 ]
@@ -205,6 +206,9 @@ class TaskBatch:
         sigma: (B,) the task's noise level.
         covariance: (d, d) the covariance ``S`` of every ``x`` (context and query),
             or None for the identity.
+        importance_weight: (B,) ``p/q`` of each task when the batch was drawn from another law ``q`` than
+            the one it stands for (:class:`StretchedTasks`), or None; the estimates of
+            :mod:`icl_course.evaluate` multiply every task's value by it.
     """
 
     X: torch.Tensor
@@ -214,6 +218,7 @@ class TaskBatch:
     w: torch.Tensor
     sigma: torch.Tensor
     covariance: torch.Tensor | None = None
+    importance_weight: torch.Tensor | None = None
 
     @property
     def num_tasks(self) -> int:
@@ -263,12 +268,13 @@ class TaskBatch:
             return None if tensor is None else tensor.to(device=device, dtype=dtype)
 
         return TaskBatch(*(move(getattr(self, name)) for name in
-                           ("X", "y", "x_t", "y_t", "w", "sigma", "covariance")))
+                           ("X", "y", "x_t", "y_t", "w", "sigma", "covariance", "importance_weight")))
 
     def __getitem__(self, index) -> "TaskBatch":
         """Select tasks, e.g. ``batch[:10]``; the covariance is shared and kept."""
+        weight = None if self.importance_weight is None else self.importance_weight[index]
         return replace(self, X=self.X[index], y=self.y[index], x_t=self.x_t[index],
-                       y_t=self.y_t[index], w=self.w[index], sigma=self.sigma[index])
+                       y_t=self.y_t[index], w=self.w[index], sigma=self.sigma[index], importance_weight=weight)
 
 
 # ----------------------------------------------------------------------------- sampler
@@ -324,15 +330,9 @@ class RegressionTasks:
         clone.noise = as_noise(noise)
         return clone
 
-    def sample(self, num_tasks: int, seed: int | torch.Generator | None = None) -> TaskBatch:
-        """Draw ``num_tasks`` tasks; ``seed`` is an int or a ``torch.Generator`` (advanced in place).
-
-        An int (or None, meaning 0) gives the same tasks on every call; pass one generator to
-        successive calls to draw a stream of fresh batches.
-
-        Returns a :class:`TaskBatch` with ``X`` (B, n, d), ``y`` (B, n), ``x_t`` (B, d),
-        ``y_t`` (B,), ``w`` (B, d), ``sigma`` (B,).
-        """
+    def _draw(self, num_tasks: int, seed) -> tuple:
+        """The generator and the draws of ``num_tasks`` tasks, in float64: ``sigma`` (B,), ``w`` (B, d), the
+        inputs of the context and the query (B, n+1, d) and the label noise (B, n), all standard but ``sigma``."""
         check_count(num_tasks, "num_tasks")
         generator = make_generator(seed)
         B, n, d = num_tasks, self.n, self.d
@@ -342,6 +342,19 @@ class RegressionTasks:
         w = torch.randn(B, d, generator=generator).double()
         inputs = torch.randn(B, n + 1, d, generator=generator).double()
         noise = torch.randn(B, n, generator=generator).double()
+        return generator, sigma, w, inputs, noise
+
+    def sample(self, num_tasks: int, seed: int | torch.Generator | None = None) -> TaskBatch:
+        """Draw ``num_tasks`` tasks; ``seed`` is an int or a ``torch.Generator`` (advanced in place).
+
+        An int (or None, meaning 0) gives the same tasks on every call; pass one generator to
+        successive calls to draw a stream of fresh batches.
+
+        Returns a :class:`TaskBatch` with ``X`` (B, n, d), ``y`` (B, n), ``x_t`` (B, d),
+        ``y_t`` (B,), ``w`` (B, d), ``sigma`` (B,).
+        """
+        _, sigma, w, inputs, noise = self._draw(num_tasks, seed)
+        n = self.n
         if self._w_factor is not None:
             w = w @ self._w_factor.T
         if self.weight_mean is not None:
@@ -359,3 +372,75 @@ class RegressionTasks:
             ("" if self.weight_covariance is None else ", weight_covariance=C") + \
             ("" if self.weight_mean is None else ", weight_mean=m")
         return f"RegressionTasks(d={self.d}, n={self.n}, noise={self.noise.label}{extra})"
+
+
+class StretchedTasks(RegressionTasks):
+    """Tasks of :class:`RegressionTasks` (identity covariances) with the rare ill-conditioned ones drawn on purpose.
+
+    A defensive mixture for importance sampling: with probability ``1 - fraction`` a task is drawn as by
+    :class:`RegressionTasks`; otherwise one coordinate ``k`` of every context input, chosen uniformly, is
+    multiplied by a factor ``s`` chosen uniformly from ``scales`` (``x_i ~ N(0, I + (s^2 - 1) e_k e_k^T)``), which
+    makes an eigenvalue of ``Sigma`` unusually large (``s > 1``) or small (``s < 1``). Each task carries
+    ``importance_weight = p(X) / q(X)``, with
+
+        q(X) / p(X) = (1 - fraction) + fraction * mean over (s, k) of s^(-n) exp((1 - 1/s^2) ||X e_k||^2 / 2),
+
+    at most ``1 / (1 - fraction)``, so the weighted mean of any per-task value estimates its mean under the plain
+    law without bias, and tasks a plain sample meets once in millions are met in every chunk. The query, ``w``
+    and the noise are drawn as by :class:`RegressionTasks`.
+
+    ``largest_eigenvalue_cap`` truncates the law: a task whose largest eigenvalue of ``Sigma`` is above it gets
+    weight 0, so the weighted mean estimates ``E[value; lambda_max(Sigma) <= cap]``. A model of L layers computes a
+    polynomial of ``Sigma`` that grows without bound beyond the spectra it was trained on, so its plain mean is
+    carried by tasks far rarer than any sample reaches; the truncated mean compares models on the spectra a
+    sample of a given size can meet.
+
+    >>> tasks = StretchedTasks(d=10, n=20, noise=0.0)
+    >>> batch = tasks.sample(1000, seed=0)       # batch.importance_weight: (1000,)
+    """
+
+    def __init__(self, d: int, n: int, noise: NoiseLike = 0.0, scales: Sequence[float] = (0.25, 0.5, 1.5, 2.0, 2.5),
+                 fraction: float = 0.5, largest_eigenvalue_cap: float = math.inf,
+                 dtype: str | torch.dtype = torch.float32, device: str | torch.device = "auto"):
+        super().__init__(d, n, noise, dtype=dtype, device=device)
+        cap = largest_eigenvalue_cap
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+            raise ValueError(f"largest_eigenvalue_cap must be a positive number (or math.inf: no cap); got {cap!r}")
+        self.largest_eigenvalue_cap = float(cap)
+        if not scales or any(isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s < math.inf
+                             or s == 1 for s in scales):
+            raise ValueError(f"scales must be positive factors other than 1, e.g. (0.5, 2.0); got {scales!r}")
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+            raise ValueError(f"fraction, the share of stretched tasks, must be strictly between 0 and 1; "
+                             f"got {fraction!r}")
+        self.scales, self.fraction = tuple(float(s) for s in scales), float(fraction)
+
+    def sample(self, num_tasks: int, seed: int | torch.Generator | None = None) -> TaskBatch:
+        """Draw ``num_tasks`` tasks as :meth:`RegressionTasks.sample`, each with its ``importance_weight``."""
+        generator, sigma, w, inputs, noise = self._draw(num_tasks, seed)
+        B, n, d = num_tasks, self.n, self.d
+        stretched = torch.rand(B, generator=generator) < self.fraction
+        component = torch.randint(0, len(self.scales) * d, (B,), generator=generator)
+        scales = torch.tensor(self.scales, dtype=torch.float64)
+        factor = torch.ones(B, d, dtype=torch.float64)
+        factor[torch.arange(B), component % d] = torch.where(stretched, scales[component // d], 1.0)
+        X, x_t = inputs[:, :n] * factor.unsqueeze(1), inputs[:, n]
+        columns = (X**2).sum(1)                                                        # ||X e_k||^2, (B, d)
+        log_ratios = (-n * torch.log(scales)[:, None, None]
+                      + 0.5 * (1 - scales**-2)[:, None, None] * columns.unsqueeze(0))  # (S, B, d)
+        log_mixture = torch.logsumexp(log_ratios.transpose(0, 1).reshape(B, -1), dim=1) - math.log(scales.numel() * d)
+        log_q = torch.logaddexp(torch.full_like(log_mixture, math.log1p(-self.fraction)),
+                                log_mixture + math.log(self.fraction))
+        y = (X @ w.unsqueeze(-1)).squeeze(-1) + sigma.unsqueeze(-1) * noise
+        y_t = (x_t * w).sum(-1)
+        weight = torch.exp(-log_q)
+        if math.isfinite(self.largest_eigenvalue_cap):
+            weight = torch.where(torch.linalg.eigvalsh(X.transpose(-1, -2) @ X)[:, -1] <= self.largest_eigenvalue_cap,
+                                 weight, 0.0)
+        batch = TaskBatch(X=X, y=y, x_t=x_t, y_t=y_t, w=w, sigma=sigma, importance_weight=weight)
+        return batch.to(device=self.device, dtype=self.dtype)
+
+    def __repr__(self) -> str:
+        return (f"StretchedTasks(d={self.d}, n={self.n}, noise={self.noise!r}, scales={self.scales}, "
+                f"fraction={self.fraction}, largest_eigenvalue_cap={self.largest_eigenvalue_cap})")
+

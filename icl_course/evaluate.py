@@ -152,7 +152,9 @@ def sampled_query_loss(predictions: torch.Tensor, batch: TaskBatch) -> torch.Ten
 
 def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: RegressionTasks,
                  num_tasks: int, chunk_size: int, seed) -> list[Estimate]:
-    """Mean, standard error and trimmed mean of ``per_task(batch)`` ((B,) or (B, K)) over fresh chunks.
+    """Mean, standard error and trimmed mean of ``per_task(batch)`` ((B,) or (B, K)) over fresh chunks (each
+    task's value times its ``importance_weight`` when the sampler draws from another law, e.g.
+    :class:`~icl_course.data.StretchedTasks`).
 
     The worst :func:`trimmed_count` values of each column are kept across chunks (a running top-k), so the
     trimmed mean costs no second pass and no memory of the whole sample."""
@@ -165,7 +167,11 @@ def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: Regress
     with torch.no_grad():
         while done < num_tasks:
             size = min(chunk_size, num_tasks - done)
-            values = per_task(sampler.sample(size, generator)).double().reshape(size, -1)
+            batch = sampler.sample(size, generator)
+            values = per_task(batch).double().reshape(size, -1)
+            if batch.importance_weight is not None:   # drawn from another law (StretchedTasks): weighted back;
+                weight = batch.importance_weight.double().reshape(size, 1)   # a task cut off (weight 0) counts 0,
+                values = torch.where(weight > 0, values * weight, 0.0)       # even where a model overflowed on it
             sums, squares = values.sum(0).cpu(), (values**2).sum(0).cpu()
             total = sums if total is None else total + sums
             total_squares = squares if total_squares is None else total_squares + squares

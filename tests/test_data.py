@@ -2,6 +2,8 @@ import pytest
 import torch
 
 from icl_course import CategoricalNoise, FixedNoise, RegressionTasks, UniformNoise, context_gram
+from icl_course.data import StretchedTasks
+from icl_course.evaluate import expected_loss
 
 
 def test_tokens_hold_context_then_query(float64_tasks):
@@ -100,7 +102,43 @@ def test_batches_slice_and_move():
     (lambda: RegressionTasks(2, 5, dtype=torch.float16), "dtype"),
     (lambda: RegressionTasks(2, 5, device="gpu0"), "not a device"),
     (lambda: RegressionTasks(2, 5).sample(0), "num_tasks must be a positive integer"),
+    (lambda: StretchedTasks(2, 5, scales=(0.5, 1.0)), "positive factors other than 1"),
+    (lambda: StretchedTasks(2, 5, fraction=1.0), "strictly between 0 and 1"),
+    (lambda: StretchedTasks(2, 5, largest_eigenvalue_cap=0), "largest_eigenvalue_cap must be a positive number"),
 ])
 def test_bad_arguments_say_what_is_wrong(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+def test_stretched_tasks_meet_the_rare_spectra_often_and_weigh_them_back_without_bias():
+    d, n = 10, 20
+    stretched = StretchedTasks(d, n, noise=0.0, dtype=torch.float64).sample(100_000, seed=3)
+    plain = RegressionTasks(d, n, noise=0.0, dtype=torch.float64).sample(100_000, seed=4)
+    weight = stretched.importance_weight
+    assert 0 < weight.min() and weight.max() <= 1 / (1 - 0.5)          # the defensive mixture's bound
+    # the weighted mean of a per-task value is its mean under the plain law: the weights themselves (exactly 1 in
+    # expectation) and the largest eigenvalue of Sigma, within four standard errors of the two estimates
+    spread = weight.std() / 100_000 ** 0.5
+    assert abs(weight.mean() - 1) < 4 * spread
+    largest = {name: torch.linalg.eigvalsh(batch.Sigma)[:, -1] for name, batch in (("q", stretched), ("p", plain))}
+    weighted, direct = largest["q"] * weight, largest["p"]
+    assert abs(weighted.mean() - direct.mean()) < 4 * (weighted.var() / 1e5 + direct.var() / 1e5) ** 0.5
+    # ... while tasks beyond the plain law's 1e-5 quantile of the largest eigenvalue (about 92) are common
+    assert (largest["p"] > 92).float().mean() < 1e-4 < 0.05 < (largest["q"] > 92).float().mean()
+    # the same tasks under a cap: those above it weigh nothing, the others as before
+    capped = StretchedTasks(d, n, noise=0.0, largest_eigenvalue_cap=80.0, dtype=torch.float64).sample(100_000, seed=3)
+    assert torch.equal(capped.X, stretched.X)
+    assert torch.equal(capped.importance_weight, torch.where(largest["q"] <= 80.0, weight, 0.0))
+    # the estimates of icl_course.evaluate weigh every task: a predictor off by |X e_1| / sqrt(n) along e_1 has the
+    # loss |X e_1|^2 / (2 n), whose mean is 1/2 under the plain law and about 0.54 unweighted under the stretched one
+    def off(batch):
+        return batch.w + torch.nn.functional.one_hot(torch.tensor(0), d) * batch.X[:, :, :1].norm(dim=1) / n ** 0.5
+
+    tasks = StretchedTasks(d, n, dtype=torch.float64)
+    estimate = expected_loss(off, tasks, num_tasks=50_000, chunk_size=10_000, seed=5)
+    assert abs(estimate.mean - 0.5) < 4 * estimate.stderr
+    batch = tasks.sample(50_000, seed=6)
+    assert (batch.X[:, :, 0] ** 2).sum(1).mean() / (2 * n) > 0.5 + 10 * estimate.stderr
+    assert stretched[:5].importance_weight.shape == (5,) and stretched.to(dtype=torch.float32).importance_weight.dtype \
+        == torch.float32

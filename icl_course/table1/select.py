@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from ..baselines import AdaRR, ConstRR, TunedRR
-from ..data import RegressionTasks
+from ..data import RegressionTasks, StretchedTasks
 from ..evaluate import Estimate, adjusted_losses
 from .budget import Budget, column_noise
 from .candidate import Candidate
@@ -25,6 +25,24 @@ from .paper import COLUMN_IDS, COLUMNS, D, N
 #: a deep cell's candidate counts as light-tailed when its standard error on the tuning tasks is at most this
 #: share of its mean: the same bound the table uses to flag a heavy tail (:meth:`Estimate.heavy_tailed`)
 LIGHT_TAIL_STDERR = 0.02
+#: the columns whose deep cells compare their candidates on tasks drawn from
+#: :class:`~icl_course.data.StretchedTasks` (weighted back to the column's law) rather than plain ones: in the
+#: noiseless column the losses are so small that tasks rarer than one in a million, with an unusually large
+#: eigenvalue of ``Sigma``, decide the mean, and a plain million tuning tasks rarely meets them
+STRETCHED_COLUMNS = ("0",)
+#: ... truncated at this largest eigenvalue of ``Sigma`` (``d = 10``, ``n = 20``: a few tasks in a billion are
+#: above it; the median is about 49): beyond it every deep model's polynomial explodes, so the comparison is on
+#: the spectra a sample of any practical size meets
+STRETCHED_CAP = 110.0
+
+
+def tuning_sampler(column: str, deep: bool, device) -> RegressionTasks:
+    """The tasks a cell's candidates are compared on: the column's law, or (a deep cell of a column in
+    ``STRETCHED_COLUMNS``) :class:`~icl_course.data.StretchedTasks` of that law, truncated at ``STRETCHED_CAP``."""
+    if deep and column in STRETCHED_COLUMNS:
+        return StretchedTasks(D, N, column_noise(column), largest_eigenvalue_cap=STRETCHED_CAP, dtype=torch.float64,
+                              device=device)
+    return RegressionTasks(D, N, column_noise(column), dtype=torch.float64, device=device)
 
 
 def pick_candidate(scores: dict[str, Estimate], deep: bool) -> str:
@@ -55,7 +73,8 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
     """The candidate a cell keeps and ``{name: [mean, stderr, tasks]}``, the tuning scores it was picked by.
 
     Every candidate is scored on the column's tuning tasks (a cell of 3 layers or more on ``eval_tasks_deep``
-    of them: a deep model's mean can hang on one task in a million) and :func:`pick_candidate` chooses.  The
+    of them: a deep model's mean can hang on one task in a million; in a column of ``STRETCHED_COLUMNS``, drawn
+    by :func:`tuning_sampler`) and :func:`pick_candidate` chooses.  The
     choice is saved in ``selections/`` and read back while the candidates stay the same and none was trained
     again since (the saved scores are then picked from again, by the current rule): a deeper model that
     starts from it and the evaluation see the same one.
@@ -65,17 +84,20 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
     if len(usable) == 1:
         return usable[0], {}
     path = out / "selections" / f"{cell}-{COLUMN_IDS[COLUMNS.index(column)]}.json"
+    deep_cell = usable[0].depth >= 3
+    sampler = tuning_sampler(column, deep_cell, device)
+    stretched = isinstance(sampler, StretchedTasks)
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved.get("candidates") == list(by_name) and newer_than(path, usable):
+        law = repr(sampler) if stretched else "plain"   # scores on other tasks than the rule's are redone
+        if saved.get("candidates") == list(by_name) and newer_than(path, usable) \
+                and saved.get("tuning", "plain") == law:
             chosen = pick_candidate({name: Estimate(*score[:2], int(score[2])) for name, score
-                                     in saved["scores"].items()}, usable[0].depth >= 3)
+                                     in saved["scores"].items()}, deep_cell)
             if chosen != saved["selected"]:
                 write_json(path, dict(saved, selected=chosen))
             return by_name[chosen], saved["scores"]
     models = {name: candidate.model.to(device) for name, candidate in by_name.items()}
-    deep_cell = usable[0].depth >= 3
-    sampler = RegressionTasks(D, N, column_noise(column), dtype=torch.float64, device=device)
     scores = adjusted_losses(models, sampler, chunk_size=budget.chunk_size, seed=700 + COLUMNS.index(column),
                              num_tasks=max(budget.tuning_tasks, budget.eval_tasks_deep) if deep_cell
                              else budget.tuning_tasks)
@@ -83,7 +105,7 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
     scores = {name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {"cell": cell, "column": column, "candidates": list(by_name), "selected": chosen,
-                      "scores": scores})
+                      "scores": scores, "tuning": repr(sampler) if stretched else "plain"})
     return by_name[chosen], scores
 
 
