@@ -825,6 +825,21 @@ def test_a_depth_can_deepen_the_selected_shallower_model_alone(tmp_path, bars):
     assert (models / "full-L2-u1-s0-d0.pt").stat().st_mtime > (models / "diag-L2-u1-s0-d0.pt").stat().st_mtime
     assert timeless(again) != timeless(rows) and timeless(run_table1(out, "quick", device="cpu", **options)) == \
         timeless(again)
+    # set aside a second time, the first stale copy stays and the new one takes the next number
+    stale = (models / "full-L2-u1-s0-d0.stale.pt").read_bytes()
+    path = out / "selections" / "diag-L1-u1.json"
+    saved = json.loads(path.read_text())
+    first, second = saved["candidates"]
+    saved["scores"][first], saved["scores"][second] = saved["scores"][second], saved["scores"][first]
+    path.write_text(json.dumps(saved))
+    third = timeless(run_table1(out, "quick", device="cpu", **options))
+    # Diag's selection is back where it was, and its models trained again are the first ones to the last digit
+    # (GD++ keeps its swapped scores)
+    for variant, expected in (("gdpp", again), ("diag", rows), ("full", rows)):
+        assert [row for row in third if row["variant"] == variant] == [
+            row for row in timeless(expected) if row["variant"] == variant], variant
+    assert (models / "full-L2-u1-s0-d0.stale.pt").read_bytes() == stale
+    assert (models / "full-L2-u1-s0-d0.stale-2.pt").exists() and (models / "diag-L2-u1-s0-d0.stale-2.pt").exists()
     # a budget that left it at its default keeps the configuration it had before the setting existed
     assert "start" not in BUDGETS["cpu"].as_dict()["deepen"]["3"]
     assert BUDGETS["cpu"].as_dict()["deepen"]["4"]["start"] == "selected"

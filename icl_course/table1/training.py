@@ -61,6 +61,11 @@ def model_spec(planned: PlannedModel, variant: str, done: dict[str, Candidate]) 
                      schedule=planned.schedule, init=init)
 
 
+def stale_suffix(count: int) -> str:
+    """The file ending of a model set aside because its start changed: ``.stale.pt``, then ``.stale-2.pt``, ..."""
+    return ".stale.pt" if count == 1 else f".stale-{count}.pt"
+
+
 class Progress:
     """The run's one progress bar over every stack's steps (or none)."""
 
@@ -190,9 +195,13 @@ class StackTrainer:
                     why = f"it was deepened from {recorded.split(',')[0]}, but the table now keeps {planned.source}"
             if why is None:
                 continue
+            count = 1   # an earlier stale copy is kept too: the new one gets the next free number
+            while any(path.with_name(path.name[:-len(".pt")] + stale_suffix(count)).exists() for path in saved):
+                count += 1
             for path in saved:
-                path.replace(path.with_name(path.name[:-len(".pt")] + ".stale.pt"))
-            self.log(f"{planned.name} trains again: {why} (the old model is kept as {final.stem}.stale.pt)")
+                path.replace(path.with_name(path.name[:-len(".pt")] + stale_suffix(count)))
+            self.log(f"{planned.name} trains again: {why} (the old model is kept as "
+                     f"{final.stem}{stale_suffix(count)})")
 
     def metadata(self, result: SweepResult, spec: ModelSpec, depth: int) -> dict:
         """What a model's checkpoint records about its training."""
