@@ -29,17 +29,23 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     """
     if device is None or (isinstance(device, str) and device == "auto"):
         if torch.cuda.is_available():
-            return torch.device("cuda")
+            return torch.device("cuda", torch.cuda.current_device())
         mps = getattr(torch.backends, "mps", None)
         if mps is not None and mps.is_available():
-            return torch.device("mps")
+            return torch.device("mps", 0)
         return torch.device("cpu")
     try:
-        return torch.device(device)
+        device = torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ValueError(
             f"device {device!r} is not a device torch knows; use 'auto', 'cpu', 'cuda' or 'mps'"
         ) from error
+    # a parameter moved to "cuda" reports "cuda:0": name the GPU so that the two compare equal
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    elif device.type == "mps" and device.index is None:
+        device = torch.device("mps", 0)
+    return device
 
 
 def available_device(device: str | torch.device | None = "auto") -> torch.device:

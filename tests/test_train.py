@@ -147,3 +147,18 @@ def test_bad_training_arguments(change, message):
     arguments.update(change)
     with pytest.raises(ValueError, match=message):
         train(**arguments)
+
+
+def test_a_gpu_named_without_its_index_is_the_device_its_parameters_report(monkeypatch):
+    """``"cuda"`` resolves to ``cuda:<current>`` (what a parameter moved there reports), so that ``train`` does not
+    refuse a sampler made with ``device="cuda"`` for a model moved to ``"cuda"`` (it did, on a GPU)."""
+    from icl_course.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert resolve_device("cuda") == resolve_device("auto") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert resolve_device("mps") == torch.device("mps", 0)
+    assert resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("cuda") == torch.device("cuda")    # left as asked: available_device then refuses it
