@@ -71,10 +71,12 @@ def test_the_pinned_numbers(results):
 
 
 def test_models_with_every_entry_of_p_and_q_trained(results):
-    """Sections 9 and 10: 6 000 steps; one layer on the GD form's closed form; the quasi-Newton LFOM far below the
-    GD-form one at 2-3 layers; 1 and 5 heads level at 1-2 layers.  Their means are pinned (they have not
-    converged from 2 layers on, so a retrained file may move them: the bands are wide)."""
-    assert results["full_attention_steps"] == 6000
+    """Sections 9 and 10: 12 000 steps (and 1 500, 3 000, 6 000 as the convergence check); one layer on the GD form's
+    closed form; the quasi-Newton LFOM far below the GD-form one at 2-3 layers; 1 and 5 heads level at 1-2 layers,
+    5 heads above 1 head at 3.  The CGD-like models have not converged at 3-4 layers, so a retrained file may move
+    those means: their bands are wide."""
+    assert results["full_attention_steps"] == 12_000
+    assert sorted(results["full_attention_lengths"]) == [1500, 3000, 6000]
     best = memformer.one_layer_optimum("rotated", "CGD-like + A_l")
 
     def means(runs):
@@ -83,6 +85,11 @@ def test_models_with_every_entry_of_p_and_q_trained(results):
         for key in keys:
             one = results[part][key][1]
             assert ((one["mean"][:, 0] - best).abs() < 4 * one["stderr"][:, 0]).all(), (part, key)
+            steps, by_length, errors = memformer.training_lengths(results, part, key)
+            assert steps == [1500, 3000, 6000, 12000] and by_length.shape == errors.shape == (4, 3, 4)
+            assert torch.equal(by_length[-1], means(results[part][key]))
+            # converged at 1-2 layers: doubling the training from 6 000 steps moves no seed's loss by 3%
+            assert ((by_length[-1, :, :2] / by_length[-2, :, :2] - 1).abs() < 0.03).all(), (part, key)
     for setting in memformer.SETTINGS:
         quasi = means(results["quasi_newton"][setting])
         gd_form = memformer.final_losses(results, setting, "LFOM (tied gates)")[0]
@@ -92,12 +99,27 @@ def test_models_with_every_entry_of_p_and_q_trained(results):
         torch.testing.assert_close(quasi.mean(0)[:3], torch.tensor([0.577, 0.028, 0.0017], dtype=torch.float64),
                                    rtol=0.1, atol=0)
     one_head, five_heads = means(results["heads"][1]), means(results["heads"][5])
-    torch.testing.assert_close(one_head.mean(0), torch.tensor([0.577, 0.0281, 5.9e-4, 7.0e-5], dtype=torch.float64),
-                               rtol=0.05, atol=0)
-    torch.testing.assert_close(five_heads.mean(0), torch.tensor([0.577, 0.0284, 4.4e-4, 4.5e-5], dtype=torch.float64),
-                               rtol=0.05, atol=0)
+    torch.testing.assert_close(one_head.mean(0), torch.tensor([0.577, 0.0280, 3.35e-4, 2.7e-5], dtype=torch.float64),
+                               rtol=0.1, atol=0)
+    torch.testing.assert_close(five_heads.mean(0), torch.tensor([0.577, 0.0277, 3.95e-4, 3.4e-5], dtype=torch.float64),
+                               rtol=0.1, atol=0)
+    assert five_heads[:, 2].min() > one_head[:, 2].max()
     # the quasi-Newton reading of the 3-layer isotropic model: layers 1-2 move the inputs by (I - c_l Sigma_hat)
     model = memformer.load_full_attention_model(results, "quasi_newton", "isotropic", 3)
     P, Q = model.P.detach()[:, 0, :5, :5], model.Q.detach()[:, 0, :5, :5]
     c = [float(P[layer].trace() / 5 * -torch.linalg.eigvalsh((Q[layer] + Q[layer].T) / 2).mean()) for layer in (0, 1)]
-    assert 0.7 < c[0] < 0.85 and 2.3 < c[1] < 2.8, c
+    assert 0.7 < c[0] < 0.85 and 2.6 < c[1] < 3.2, c
+
+
+def test_small_batch_fits_are_finished_and_stay_above_cg_at_ten_tasks(results):
+    """Section 7's small-batch comparison: at B = 10 every fit has a vanishing gradient and no L-BFGS restart beats
+    it, and it stays above CG on its own batch at every depth; at B = 1 it is at or below CG on its one task."""
+    small = results["small_batch"]
+    assert small[10]["gradient_norm"].max() < 1e-5
+    assert (small[10]["batch"] <= small[10]["restarts_best"] * (1 + 1e-6)).all()
+    assert (small[10]["batch"] > small[10]["cg_batch"]).all()
+    torch.testing.assert_close((small[10]["batch"] / small[10]["cg_batch"]).mean(0),
+                               torch.tensor([1.05, 1.53, 2.20, 3.84], dtype=torch.float64), rtol=0.02, atol=0)
+    assert (small[1]["batch"] <= small[1]["cg_batch"]).all()
+    assert (small[1]["batch"][:, :3] <= small[1]["restarts_best"][:, :3] * (1 + 1e-4)).all()   # finished to 3 layers
+    assert (small[1]["restarts_best"][:, 3] < 0.8 * small[1]["batch"][:, 3]).any()              # not quite at 4

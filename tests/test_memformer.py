@@ -255,7 +255,8 @@ def test_the_shipped_experiments_hold_every_model_at_every_depth_scored_on_enoug
                 assert memformer.load_model(results, setting, family, depth, seed=2).num_layers == depth
     assert memformer.eval_count(2) == recipe["shallow_eval_tasks"] and memformer.eval_count(3) == 1_000_000
     for size, part in results["small_batch"].items():   # Dutta et al.'s small-batch fits, B = 1 and 10
-        assert size in (1, 10) and set(part) == {"batch", "cg_batch", "fresh", "fresh_stderr"}
+        assert size in (1, 10) and set(part) == {"batch", "cg_batch", "fresh", "fresh_stderr", "gradient_norm",
+                                                 "restarts_best"}
         assert all(values.shape == (len(recipe["seeds"]), len(recipe["depths"])) for values in part.values())
 
 
@@ -308,3 +309,44 @@ def test_missing_damaged_or_foreign_results_and_unknown_models_get_clear_message
         memformer.load_model(results, "rotated", "CGD-like + A_l", 9)
     with pytest.raises(KeyError, match="unknown family"):
         memformer.build("LSTM", 2)
+
+
+def test_the_gpu_script_trains_each_depth_as_the_experiment_does_and_scores_every_length(tmp_path, monkeypatch):
+    """research/full_attention_gpu.py trains one (part, key, depth) per process: the same models, to the bit, as
+    training all depths at once (one task stream per sampler), and its `score` writes the longest training as the
+    parts and the shorter ones beside them."""
+    import importlib.util
+    import pathlib
+
+    from icl_course import memformer
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "research" / "full_attention_gpu.py"
+    spec = importlib.util.spec_from_file_location("full_attention_gpu", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tiny = dict(memformer.RECIPE, depths=(1, 2), seeds=(0, 1, 2), num_steps=4, batch_size=16, curve_every=2,
+                curve_tasks=50, eval_tasks=200, shallow_eval_tasks=200)
+    monkeypatch.setattr(memformer, "RECIPE", tiny)
+    monkeypatch.setattr(script, "GROUPS", [group for group in script.GROUPS if group[2] <= 2])
+    alone = script.train_group("heads", 5, 2, 4, "cpu")["runs"][5][2]
+    seeds = list(tiny["seeds"])
+    together = memformer._trained("CGD-like + A_l", memformer._samplers(seeds)[:3], seeds, tiny, 1, "full", 5)[0][2]
+    assert all(torch.equal(alone["weights"][key], value) for key, value in together["weights"].items())
+    assert torch.equal(alone["curve"], together["curve"])
+    # the packing of jobs onto processes: two equal jobs and their halves on two processes take 1.5 of one job
+    assert script.steps_within(3750.0, {"a": 0.25, "b": 0.25}, 2) == 10_000
+    assert script.steps_within(3700.0, {"a": 0.25, "b": 0.25}, 2) == 9000
+    assert script.steps_within(3750.0, {"a": 0.25, "b": 0.25}, 1) == 5000      # one process: all four in a row
+    results_path = tmp_path / "results.pt"
+    memformer.run_experiments(results_path, recipe=dict(tiny, num_steps=2))
+    trained = []
+    for steps in (4, 8):
+        script.train(steps, "cpu", tmp_path / f"trained_{steps}.pt", processes=1)
+        trained.append(tmp_path / f"trained_{steps}.pt")
+    monkeypatch.setattr(memformer, "load_experiments", lambda path: torch.load(path, weights_only=True))
+    script.score(trained, results_path)
+    results = torch.load(results_path, weights_only=True)
+    assert results["full_attention_steps"] == 8 and sorted(results["full_attention_lengths"]) == [2, 4]
+    steps, means, errors = memformer.training_lengths(results, "quasi_newton", "isotropic")
+    assert steps == [2, 4, 8] and means.shape == errors.shape == (3, 3, 2) and (errors > 0).all()
+    assert "--steps 4" in results["redone"][-1]["command"] and "--steps 8" in results["redone"][-1]["command"]

@@ -1,0 +1,200 @@
+"""Chapter 5's models with every entry of P and Q trained longer, on a GPU, one process per depth.
+
+The chapter's two full-attention parts (``icl_course.memformer.FULL_ATTENTION``: the CGD-like Memformer with 1
+and 5 heads on the rotated data, Dutta and Sra's Figure 5; the tied-gate LFOM on both settings, their Figure 3)
+had not converged after the recipe's 6 000 Adam steps on a CPU.  Such models are launch-bound on a GPU (a step
+is hundreds of tiny kernels), so one process per (part, key, depth) runs side by side, and every group is
+trained at two lengths, ``steps`` and ``steps // 2``: where doubling the training moves the fresh-task loss by
+less than the spread of the seeds, the model has converged.
+
+The models of one group are those of :func:`icl_course.memformer.run_experiments` for that depth: the same
+recipe (Adam, warm-up, cosine decay, clipping, batch 500) but ``num_steps``, the same seeds and the same task
+stream (training each depth alone draws the same batches as training all depths at once).
+
+    python research/full_attention_gpu.py time --device cuda              # ms per step, all groups side by side
+    python research/full_attention_gpu.py train --device cuda --steps 40000 --out trained.pt
+    python research/full_attention_gpu.py score trained.pt                # on the CPU: writes the shipped file
+
+``score`` scores every model on fresh tasks on the CPU in float64 (as ``run_experiments`` does) and writes the
+longer runs into ``icl_course/pretrained/ch5_memformers.pt`` (``results["heads"]``, ``results["quasi_newton"]``,
+``full_attention_steps``), and the shorter ones beside them (``results["full_attention_half"]``) as the
+convergence check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import pathlib
+import time
+
+import torch
+
+from icl_course import memformer
+
+DEPTHS = memformer.RECIPE["depths"]
+GROUPS = [(part, key, depth) for part, (_, keys) in memformer.FULL_ATTENTION.items()
+          for key in (keys if part == "heads" else (None,)) for depth in DEPTHS]
+
+
+def train_group(part: str, key, depth: int, steps: int, device: str) -> dict:
+    """One depth of one part trained for ``steps``: ``{key: {depth: {"weights", "curve"}}}`` and its seconds."""
+    family, keys = memformer.FULL_ATTENTION[part]
+    seeds = list(memformer.RECIPE["seeds"])
+    samplers = memformer._samplers(seeds)
+    recipe = dict(memformer.RECIPE, num_steps=steps, depths=(depth,))
+    start = time.perf_counter()
+    if part == "heads":
+        groups = memformer._trained(family, samplers[:len(seeds)], seeds, recipe, 1, "full", key, device)
+        runs = {key: groups[0]}
+    else:
+        groups = memformer._trained(family, samplers, seeds, recipe, len(keys), "full", 1, device)
+        runs = dict(zip(keys, groups))
+    return {"runs": runs, "seconds": time.perf_counter() - start}
+
+
+def _worker(job):
+    part, key, depth, steps, device = job
+    torch.set_num_threads(1)
+    if device.startswith("cuda"):   # start CUDA before the clock: its start-up is no part of a step
+        torch.ones(8, 8, device=device, dtype=torch.float64).matmul(torch.ones(8, 8, device=device,
+                                                                               dtype=torch.float64)).sum().item()
+    return job, train_group(part, key, depth, steps, device)
+
+
+def _jobs(steps_list, device):
+    # the slowest first, so that the pool's last minutes are not one long job alone
+    jobs = [(part, key, depth, steps, device) for steps in steps_list for part, key, depth in GROUPS]
+    return sorted(jobs, key=lambda job: -(job[2] * (job[1] or 2) * job[3]))
+
+
+class _InProcess:
+    """A pool of one: the jobs run here, one after another (``--processes 1``)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        return False
+
+    def imap_unordered(self, function, jobs):
+        return map(function, jobs)
+
+
+def _pool(processes: int):
+    # spawn, not fork: CUDA cannot be forked
+    return _InProcess() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes)
+
+
+def train(steps: int, device: str, out: pathlib.Path, processes: int) -> None:
+    begin = time.perf_counter()
+    trained = {"steps": steps, "half_steps": steps // 2, "device": device, "torch": str(torch.__version__),
+               "seconds": {}, steps: {}, steps // 2: {}}
+    if device.startswith("cuda"):
+        trained["device_name"] = torch.cuda.get_device_name()
+    with _pool(processes) as pool:
+        for (part, _, _, length, _), result in pool.imap_unordered(_worker, _jobs((steps, steps // 2), device)):
+            for key, group in result["runs"].items():
+                for depth, run in group.items():
+                    trained[length].setdefault(part, {}).setdefault(key, {})[depth] = run
+                    trained["seconds"][f"{part} {key} {depth} {length}"] = result["seconds"]
+                    print(f"{part} {key} depth {depth}, {length} steps: {result['seconds']:.0f} s, last curve "
+                          f"{[round(v, 5) for v in run['curve'][:, -1].tolist()]}", flush=True)
+            torch.save(trained, out)
+    trained["total_seconds"] = time.perf_counter() - begin
+    torch.save(trained, out)
+    print(f"done in {trained['total_seconds']:.0f} s", flush=True)
+
+
+def time_steps(device: str, steps: int, processes: int) -> dict:
+    """Seconds per step of every group, all trained side by side for ``steps`` steps: ``{(part, key, depth): s}``."""
+    begin, seconds = time.perf_counter(), {}
+    with _pool(processes) as pool:
+        for (part, key, depth, _, _), result in pool.imap_unordered(_worker, _jobs((steps,), device)):
+            seconds[part, key, depth] = result["seconds"] / steps
+            print(f"{part} {key} depth {depth}: {1000 * seconds[part, key, depth]:.1f} ms per step", flush=True)
+    print(f"all groups side by side, {steps} steps: {time.perf_counter() - begin:.1f} s", flush=True)
+    return seconds
+
+
+def steps_within(seconds: float, per_step: dict, processes: int) -> int:
+    """The most steps (a multiple of 1 000) whose two lengths, ``steps`` and ``steps // 2`` for every group,
+    fit in ``seconds`` on ``processes`` side by side: longest job first onto the least loaded process, each
+    job costing its measured time per step (measured side by side, so contention is in it)."""
+    costs = sorted([cost for cost in per_step.values()] + [cost / 2 for cost in per_step.values()], reverse=True)
+    loads = [0.0] * processes
+    for cost in costs:
+        loads[loads.index(min(loads))] += cost
+    return int(seconds / max(loads) // 1000 * 1000)
+
+
+def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
+    """Score every model that the ``train`` files in ``paths`` hold, on the CPU, and write them into the results:
+    the longest training as ``results["heads"]`` and ``results["quasi_newton"]``, every shorter one in
+    ``results["full_attention_lengths"][steps]``."""
+    files = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
+    results = memformer.load_experiments(results_path)
+    seeds = list(memformer.RECIPE["seeds"])
+    samplers = memformer._samplers(seeds)
+    begin = time.perf_counter()
+    scored = {}
+    for trained in files:
+        for length in (trained["steps"], trained["half_steps"]):
+            scored[length] = {}
+            for part, (family, keys) in memformer.FULL_ATTENTION.items():
+                runs = trained[length][part]
+                for key in runs:
+                    group = {depth: runs[key][depth] for depth in sorted(runs[key])}
+                    index = 0 if part == "heads" else keys.index(key)
+                    memformer._scored([{}] * index + [group], family, samplers, seeds, memformer.RECIPE, "full",
+                                      key if part == "heads" else 1)
+                    print(f"{part} {key}, {length} steps: "
+                          f"{[round(group[d]['mean'][:, -1].mean().item(), 6) for d in group]}", flush=True)
+                scored[length][part] = runs
+    steps = max(scored)
+    results.update(scored.pop(steps))
+    results["full_attention_steps"] = steps
+    results["full_attention_lengths"] = scored
+    for part in memformer.FULL_ATTENTION:   # the CPU's time for the parts replaced; their own is in "redone"
+        results.get("seconds", {}).pop(part, None)
+    where = "; ".join(f"--steps {file['steps']}: {file['total_seconds']:.0f} s on "
+                      f"{file.get('device_name', file['device'])} (torch {file['torch']})" for file in files)
+    results["redone"] = results.get("redone", []) + [{
+        "command": " && ".join(f"python research/full_attention_gpu.py train --device {trained['device']} --steps "
+                               f"{trained['steps']} --out trained_{trained['steps']}.pt" for trained in files)
+        + " && python research/full_attention_gpu.py score "
+        + " ".join(f"trained_{trained['steps']}.pt" for trained in files),
+        "parts": list(memformer.FULL_ATTENTION),
+        "seconds": sum(trained["total_seconds"] for trained in files) + time.perf_counter() - begin,
+        "where": f"trained with one process per depth and length side by side ({where}); scored on a 2-core CPU "
+                 f"({time.perf_counter() - begin:.0f} s)"}]
+    torch.save(results, results_path)
+    print(f"wrote {results_path}", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("time", "train", "score"))
+    parser.add_argument("paths", nargs="*", help="score: the files `train` wrote (the longest training is shipped)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=40_000)
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="train: instead of --steps, the most steps whose training fits in this many seconds")
+    parser.add_argument("--processes", type=int, default=len(GROUPS))
+    parser.add_argument("--out", default="full_attention_trained.pt")
+    parser.add_argument("--results", default=str(memformer.PRETRAINED))
+    arguments = parser.parse_args()
+    if arguments.what == "time":
+        time_steps(arguments.device, min(arguments.steps, 200), arguments.processes)
+    elif arguments.what == "train":
+        if arguments.seconds:   # the longest training that fits, measured first on this machine
+            per_step = time_steps(arguments.device, 100, arguments.processes)
+            arguments.steps = steps_within(arguments.seconds, per_step, arguments.processes)
+            print(f"{arguments.steps} steps fit in {arguments.seconds:.0f} s", flush=True)
+            if arguments.steps < 2000:
+                raise SystemExit("fewer than 2 000 steps fit: give more --seconds")
+        train(arguments.steps, arguments.device, pathlib.Path(arguments.out), arguments.processes)
+    else:
+        if not arguments.paths:
+            parser.error("score needs the files that `train` wrote")
+        score([pathlib.Path(path) for path in arguments.paths], pathlib.Path(arguments.results))
