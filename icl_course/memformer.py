@@ -19,6 +19,9 @@ and moves ``w`` by one step of preconditioned GD, ``w <- w - A grad R(w)``, on
   ``Z_{l+1} = Z_l + sum_{j <= l} Gamma_j^(l) (.) R_j`` with gates of the shape of ``Z``.
   ``tied=True`` is the paper's experiment, ``Gamma_j^(l) = Gamma_j`` for every ``l``, which gives
   ``Z_{l+1} - Z_l = (Z_l - Z_{l-1}) + Gamma_l (.) R_l``: heavy-ball momentum with coefficient 1;
+  ``tied="layer"`` is the other reading of the paper's equation, ``Gamma_j^(l) = Gamma_l`` for every ``j <= l``,
+  which gives ``Z_{l+1} - Z_l = (Gamma_l / Gamma_{l-1}) (.) (Z_l - Z_{l-1}) + Gamma_l (.) R_l``: a momentum
+  coefficient free at every layer; ``tied=False`` learns every ``Gamma_j^(l)``;
 * ``memory="none"``: the plain linear transformer ``Z_{l+1} = Z_l + Attn_l(Z_l)``.
 
 Attention per head (``attention=``): ``"identity"`` (``A_l = I``, nothing learned: GD directions),
@@ -132,7 +135,9 @@ class Memformer(nn.Module):
             they need it; the other models accept any ``n`` but are built for this one).
         num_layers: ``L``; ``num_heads``: ``H``.
         attention: ``"identity"``, ``"gd"`` or ``"full"`` (see the module doc).
-        memory: ``"none"``, ``"cgd"`` or ``"lfom"``; ``tied`` ties the LFOM gates over layers.
+        memory: ``"none"``, ``"cgd"`` or ``"lfom"``; ``tied``: the LFOM gates, ``True`` (one ``Gamma_j`` per
+            register entry, the same in every layer), ``"layer"`` (one ``Gamma_l`` per layer for all the
+            entries it adds up) or ``False`` (every ``Gamma_j^(l)``).
         init_step: ``A_l`` starts at ``init_step / H`` times the identity (``"gd"``); ``alpha_l``
             starts at ``init_step`` when ``attention="identity"``, else at 1.
         init_scale: standard deviation of the noise added to every initial value.
@@ -143,7 +148,7 @@ class Memformer(nn.Module):
     """
 
     def __init__(self, d: int, n: int, num_layers: int = 1, num_heads: int = 1, attention: str = "gd",
-                 memory: str = "cgd", tied: bool = True, init_step: float = 0.2, init_scale: float = 0.0,
+                 memory: str = "cgd", tied: bool | str = True, init_step: float = 0.2, init_scale: float = 0.0,
                  seed: int = 0, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         super().__init__()
         for name, value in (("d", d), ("n", n), ("num_layers", num_layers), ("num_heads", num_heads)):
@@ -152,11 +157,14 @@ class Memformer(nn.Module):
             raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
         if memory not in MEMORIES:
             raise ValueError(f"unknown memory {memory!r}; choose one of {', '.join(MEMORIES)}")
+        if tied not in (True, False, "layer"):
+            raise ValueError(f"tied is True (one gate per register entry), 'layer' (one per layer) or False (every "
+                             f"gate); got {tied!r}")
         if attention == "identity" and num_heads != 1:
             raise ValueError("attention='identity' has nothing to learn per head; use num_heads=1")
-        self.d, self.n, self.attention, self.memory, self.tied = d, n, attention, memory, bool(tied)
+        self.d, self.n, self.attention, self.memory, self.tied = d, n, attention, memory, tied
         self.config = dict(d=d, n=n, num_layers=num_layers, num_heads=num_heads, attention=attention,
-                           memory=memory, tied=bool(tied), init_step=float(init_step),
+                           memory=memory, tied=tied, init_step=float(init_step),
                            init_scale=float(init_scale), seed=seed)
         generator = make_generator(seed)
         dtype, device = resolve_dtype(dtype), resolve_device(device)
@@ -178,9 +186,9 @@ class Memformer(nn.Module):
             self.alpha = noisy(torch.full((L,), start, dtype=torch.float64))
             self.gamma = noisy(torch.zeros(L, dtype=torch.float64))
         elif memory == "lfom":
-            shape = (L, D, n + 1) if tied else (L, L, D, n + 1)
+            shape = (L, L, D, n + 1) if tied is False else (L, D, n + 1)
             base = torch.ones(shape, dtype=torch.float64)
-            if not tied:  # start as plain GD: Gamma_l^(l) = 1, older updates gated off
+            if tied is False:  # start as plain GD: Gamma_l^(l) = 1, older updates gated off
                 base = base * torch.eye(L, dtype=torch.float64)[:, :, None, None]
             self.gates = noisy(base)
 
@@ -208,12 +216,15 @@ class Memformer(nn.Module):
         return _gd_matrices(self.A)
 
     def gate(self, j: int, layer: int) -> torch.Tensor:
-        """``Gamma_j^(l)`` (0-based ``j <= layer``), shape (d+1, n+1); tied gates ignore ``layer``."""
+        """``Gamma_j^(l)`` (0-based ``j <= layer``), shape (d+1, n+1); ``tied=True`` ignores ``layer``,
+        ``tied="layer"`` ignores ``j``."""
         if self.memory != "lfom":
             raise ValueError("only memory='lfom' has gates")
         if not 0 <= j <= layer < self.num_layers:
             raise ValueError(f"need 0 <= j <= layer < {self.num_layers}, got j={j}, layer={layer}")
-        return self.gates[j] if self.tied else self.gates[layer, j]
+        if self.tied is True:
+            return self.gates[j]
+        return self.gates[layer] if self.tied == "layer" else self.gates[layer, j]
 
     # -- the forward pass ------------------------------------------------------------------------
 
@@ -357,7 +368,11 @@ MODELS = {  # name -> (attention, memory): the trained families of chapter 5
     "CGD-like (scalars)": ("identity", "cgd"),
     "CGD-like + A_l": ("gd", "cgd"),
     "LFOM (tied gates)": ("gd", "lfom"),
+    "LFOM (per-layer gates)": ("gd", "lfom"),
 }
+# how each LFOM family ties its gates (Memformer's tied): the paper's equation loses the index that says whether a
+# gate belongs to the register entry (Gamma_j) or to the layer that adds the entries up (Gamma_l); both are trained
+GATES = {"LFOM (tied gates)": True, "LFOM (per-layer gates)": "layer"}
 SETTINGS = ("rotated", "isotropic")
 BASELINES = ("CG", "GD (tuned steps)", "momentum", "Nesterov")
 # Dutta et al.'s two experiments with every entry of P and Q trained (attention="full"), each a part of the results:
@@ -439,7 +454,7 @@ def build(family: str, num_layers: int, num_heads: int = 1, attention: Optional[
         raise KeyError(f"unknown family {family!r}; choose one of {list(MODELS)}")
     default_attention, memory = MODELS[family]
     return Memformer(RECIPE["d"], RECIPE["n"], num_layers, num_heads, attention or default_attention, memory,
-                     init_scale=0.01, seed=seed, dtype=dtype, device=device)
+                     tied=GATES.get(family, True), init_scale=0.01, seed=seed, dtype=dtype, device=device)
 
 
 def _factors(samplers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -710,6 +725,9 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
         if {k: v for k, v in done["recipe"].items() if k != "depths"} != {k: v for k, v in r.items() if k != "depths"}:
             raise ValueError(f"{path} was made with another recipe; pass resume=False (or another path) to start over")
         results["models"], results["baselines"] = done["models"], done["baselines"]
+        for setting in SETTINGS:   # a family the file predates is trained now
+            for family in MODELS:
+                results["models"].setdefault(setting, {}).setdefault(family, {})
         results["seconds"] = done.get("seconds", {})
         results.update({key: done[key] for key in ("small_batch", "total_seconds", "timing", "redone",
                                                    "full_attention_steps", "full_attention_lengths", *FULL_ATTENTION)

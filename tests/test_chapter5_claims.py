@@ -9,7 +9,7 @@ import torch
 
 from icl_course import memformer
 
-PRECONDITIONED = ("linear transformer", "CGD-like + A_l", "LFOM (tied gates)")
+PRECONDITIONED = ("linear transformer", "CGD-like + A_l", "LFOM (tied gates)", "LFOM (per-layer gates)")
 
 
 @pytest.fixture(scope="module")

@@ -78,6 +78,31 @@ def test_tied_gates_are_momentum_one_and_untied_are_not(batch):
     assert (tied_gd(batch).layer_weights - gd(batch).layer_weights).abs().max() > 1e-3
 
 
+def test_per_layer_gates_are_every_gate_equal_to_its_layers_and_momentum_their_ratio(batch):
+    """``tied="layer"`` (Gamma_j^(l) = Gamma_l for j <= l) is the untied model with those gates, and with gates equal
+    along each row of Z it is momentum with coefficient Gamma_l / Gamma_(l-1) and step Gamma_l A_l."""
+    per_layer = Memformer(5, 20, num_layers=4, attention="gd", memory="lfom", tied="layer", dtype="float64",
+                          init_scale=0.1, seed=2)
+    every = Memformer(5, 20, num_layers=4, attention="gd", memory="lfom", tied=False, dtype="float64")
+    with torch.no_grad():
+        per_layer.gates.copy_(per_layer.gates[:, :, :1].expand_as(per_layer.gates))
+        every.A.copy_(per_layer.A)
+        every.gates.zero_()
+        for layer in range(4):
+            every.gates[layer, :layer + 1] = per_layer.gates[layer]
+        w = torch.cat([torch.zeros(batch.num_tasks, 1, 5, dtype=torch.float64), per_layer(batch).layer_weights], 1)
+    torch.testing.assert_close(w[:, 1:], every(batch).layer_weights, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(w[:, 1:], per_layer(batch, tokens=True).layer_weights, rtol=1e-10, atol=1e-12)
+    Sigma, alpha, gate = batch.Sigma / 20, batch.alpha / 20, per_layer.gates[:, 5, 0].detach()
+    for layer in range(4):
+        gradient = (Sigma @ w[:, layer].unsqueeze(-1)).squeeze(-1) - alpha
+        step = -gradient @ per_layer.A[layer].sum(0).T.detach() * gate[layer]
+        momentum = gate[layer] / gate[layer - 1] * (w[:, layer] - w[:, layer - 1]) if layer > 0 else 0.0
+        torch.testing.assert_close(w[:, layer + 1], w[:, layer] + momentum + step, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="tied is True"):
+        Memformer(5, 20, memory="lfom", tied="entry")
+
+
 def test_momentum_and_nesterov_converge(batch):
     exact = torch.linalg.solve(batch.Sigma, batch.alpha)
     for nesterov in (False, True):
@@ -165,7 +190,8 @@ def test_chapter_5_checks_accept_the_reference_and_reject_mistakes():
 # the scalar CGD-like model has A_l = I, so no heads: it is checked with one
 @pytest.mark.parametrize("family, heads", [("linear transformer", 1), ("linear transformer", 3),
                                            ("CGD-like (scalars)", 1), ("CGD-like + A_l", 1), ("CGD-like + A_l", 3),
-                                           ("LFOM (tied gates)", 1), ("LFOM (tied gates)", 3)])
+                                           ("LFOM (tied gates)", 1), ("LFOM (tied gates)", 3),
+                                           ("LFOM (per-layer gates)", 2)])
 def test_the_cheap_recursions_are_the_token_matrix(batch, family, heads):
     from icl_course import memformer
 
@@ -278,8 +304,8 @@ def test_experiments_resume_from_their_file_and_refuse_another_recipe(tmp_path, 
     with pytest.raises(KeyError, match="made by `--redo heads`"):
         memformer.load_full_attention_model(first, "heads", 3, 2)
 
-    def no_training(*args, **kwargs):
-        raise AssertionError("a finished model was trained again")
+    def no_training(family, *args, **kwargs):
+        raise AssertionError(f"a finished model was trained again: {family}")
     monkeypatch.setattr(memformer, "train_models", no_training)
     again = memformer.run_experiments(path, recipe=tiny)
     assert torch.equal(again["models"]["rotated"]["LFOM (tied gates)"][2]["mean"],
@@ -289,6 +315,12 @@ def test_experiments_resume_from_their_file_and_refuse_another_recipe(tmp_path, 
         memformer.run_experiments(path, recipe=tiny, redo=("quasi_newton",))
     with pytest.raises(ValueError, match="another recipe"):
         memformer.run_experiments(path, recipe=dict(tiny, num_steps=4))
+    older = torch.load(path, weights_only=True)          # a file made before a family joined MODELS
+    for setting in memformer.SETTINGS:
+        del older["models"][setting]["LFOM (per-layer gates)"]
+    torch.save(older, path)
+    with pytest.raises(AssertionError, match=r"trained again: LFOM \(per-layer gates\)"):   # that family first
+        memformer.run_experiments(path, recipe=tiny)
 
 
 def test_missing_damaged_or_foreign_results_and_unknown_models_get_clear_messages(tmp_path):
