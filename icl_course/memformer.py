@@ -384,7 +384,7 @@ FULL_ATTENTION = {"heads": ("CGD-like + A_l", (1, 5)), "quasi_newton": ("LFOM (t
 # a GPU at 1 500 to 12 000 steps (research/full_attention_gpu.py), which shows 1-2 layers converged by 3 000 and
 # 3-4 layers still falling at 12 000 (results["full_attention_lengths"] holds the shorter trainings)
 FULL_ATTENTION_STEPS = 12_000
-RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4), "seeds": (0, 1, 2), "num_steps": 2000, "batch_size": 500,
+RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4, 5, 6), "seeds": (0, 1, 2), "num_steps": 2000, "batch_size": 500,
           "learning_rate": 0.05, "warmup_steps": 100, "clip_norm": 1.0, "curve_every": 100, "curve_tasks": 20_000,
           "eval_tasks": 1_000_000, "shallow_eval_tasks": 200_000, "tune_tasks": 10_000, "baseline_tasks": 200_000}
 PRETRAINED = pathlib.Path(__file__).resolve().parent / "pretrained" / "ch5_memformers.pt"

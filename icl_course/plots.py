@@ -344,26 +344,47 @@ def plot_memformer_comparison(results: dict):
     One column per setting (rotated, isotropic).  Top: ``log10`` loss on fresh tasks against depth for the
     tuned baselines (dashed / dotted) and the trained families (solid; the mean over seeds, bars from the
     lowest to the highest seed).  Bottom: every curve divided by tuned GD's loss at the same depth, which
-    separates lines that crowd on the top row.  The legend sits below the panels.  Returns the figure.
+    separates lines that crowd on the top row.  A baseline far below everything else (CG once it has run
+    ``d`` steps: exact to rounding) is drawn on the panel's lower edge as a downward triangle, with its value
+    written beside it.  The legend sits below the panels.  Returns the figure.
     """
     depths = list(results["recipe"]["depths"])
     figure, axes = plt.subplots(2, 2, figsize=(11, 6.6), sharex=True)
     for column, setting in enumerate(SETTINGS):
         baselines = results["baselines"][setting]
         reference = baselines["GD (tuned steps)"]["mean"][:len(depths)]
+        rows = ([], [])   # per row: (label, style, x, centre, bars) of every curve
         for name, (color, marker, style) in _BASELINE_STYLE.items():
             values = baselines[name]["mean"][:len(depths)]
             for row, shown in enumerate((values.log10(), values / reference)):
-                axes[row, column].plot(depths, shown, marker=marker, ls=style, color=color, label=name, ms=5)
+                rows[row].append((name, dict(marker=marker, ls=style, color=color, ms=5), depths, shown, None))
         for index, family in enumerate(MODELS):
             means = final_losses(results, setting, family)[0]          # (seeds, depths)
             for row, shown in enumerate((means.log10(), means / reference)):
                 centre = shown.mean(0)
-                low, high = centre - shown.min(0).values, shown.max(0).values - centre
-                # a (2, depths) array: matplotlib 3.7 reads a list of two tensors as two scalars
-                axes[row, column].errorbar([k + 0.06 * (index - 1.5) for k in depths], centre.numpy(),
-                                           torch.stack([low, high]).numpy(),
-                                           color=f"C{index}", marker="o", ms=4, capsize=2, label=family)
+                bars = torch.stack([centre - shown.min(0).values, shown.max(0).values - centre])
+                shift = 0.06 * (index - (len(MODELS) - 1) / 2)
+                rows[row].append((family, dict(color=f"C{index}", marker="o", ms=4, capsize=2),
+                                  [k + shift for k in depths], centre, bars))
+        for row, curves in enumerate(rows):
+            ax = axes[row, column]
+            # the lower edge: a decade (top row) or a factor 10 (bottom row) below every curve but the exact ones
+            values = torch.cat([curve[3] for curve in curves])
+            lowest = values[values > (-12 if row == 0 else 1e-10)].min()
+            floor = float(lowest - 1) if row == 0 else float(lowest / 10)
+            for label, style, x, shown, bars in curves:
+                below = shown < floor
+                drawn = torch.where(below, torch.full_like(shown, floor), shown)
+                if bars is None:
+                    ax.plot(x, drawn, label=label, **style)
+                else:
+                    # a (2, depths) array: matplotlib 3.7 reads a list of two tensors as two scalars
+                    ax.errorbar(x, drawn.numpy(), bars.numpy(), label=label, **style)
+                for k in torch.nonzero(below).flatten().tolist():
+                    ax.plot(x[k], floor, marker="v", color=style["color"], ms=9, ls="none")
+                    value = 10 ** shown[k] if row == 0 else shown[k]
+                    ax.annotate(f"{value:.0e}", (x[k], floor), textcoords="offset points", xytext=(-4, 8),
+                                fontsize=7, color=style["color"], ha="right")
         axes[0, column].set(title=f"{setting} data", ylabel="log10 loss (fresh tasks)")
         axes[1, column].set(xlabel="layers L (steps for the baselines)", ylabel="loss / tuned GD's loss",
                             yscale="log", xticks=depths)
@@ -371,6 +392,7 @@ def plot_memformer_comparison(results: dict):
     handles, labels = axes[0, 0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=9, frameon=False)
     figure.tight_layout(rect=(0, 0.08, 1, 1))
+    return figure
 
 
 def plot_table1(rows: Sequence[dict], path=None):

@@ -9,6 +9,7 @@ import torch
 
 from icl_course import memformer
 
+CONVERGED = 4   # the depths whose models pass the chapter's convergence checks; 5-6 are trained but are not
 PRECONDITIONED = ("linear transformer", "CGD-like + A_l", "LFOM (tied gates)", "LFOM (per-layer gates)")
 
 
@@ -33,7 +34,8 @@ def test_families_with_a_preconditioner_lose_the_same_on_rotated_and_isotropic_d
     # x -> U D z, w -> U D^-1 z' maps one setting onto the other for every model with a full A_l, so their
     # optima agree: trained models that agree have found them (the scalar family has no such map)
     for family in PRECONDITIONED:
-        rotated, isotropic = (memformer.final_losses(results, s, family)[0].mean(0) for s in memformer.SETTINGS)
+        rotated, isotropic = (memformer.final_losses(results, s, family)[0].mean(0)[:CONVERGED]
+                              for s in memformer.SETTINGS)
         assert ((rotated / isotropic - 1).abs() < 0.06).all(), (family, rotated, isotropic)
 
 
@@ -41,10 +43,10 @@ def test_seeds_agree_and_training_curves_are_flat(results):
     for setting in memformer.SETTINGS:
         for family in memformer.MODELS:
             means, errors = memformer.final_losses(results, setting, family)
-            assert (means.max(0).values / means.min(0).values < 1.08).all(), (setting, family)
+            assert (means.max(0).values / means.min(0).values < 1.08)[:CONVERGED].all(), (setting, family)
             for depth, run in results["models"][setting][family].items():
                 late = (run["curve"][:, -6] - run["curve"][:, -1]) / run["curve"][:, -1]
-                assert (late.abs() < 0.15).all(), (setting, family, depth)
+                assert depth > CONVERGED or (late.abs() < 0.15).all(), (setting, family, depth)
 
 
 def test_trained_models_are_no_worse_than_the_tuned_gd_they_contain(results):
@@ -52,13 +54,13 @@ def test_trained_models_are_no_worse_than_the_tuned_gd_they_contain(results):
         gd_low, gd_high = band(results, setting, "GD (tuned steps)")
         for family in memformer.MODELS:
             low, high = band(results, setting, family)
-            assert (low < gd_high).all(), (setting, family)
+            assert (low < gd_high)[:CONVERGED].all(), (setting, family)
 
 
 def test_the_pinned_numbers(results):
     def mean(setting, name):
         low, high = memformer.loss_band(results, setting, name, width=0)
-        return (low + high) / 2
+        return ((low + high) / 2)[:CONVERGED]
 
     torch.testing.assert_close(mean("rotated", "CG"), torch.tensor([0.99, 0.578, 0.272, 0.100], dtype=torch.float64),
                                rtol=0.02, atol=0)
@@ -68,6 +70,19 @@ def test_the_pinned_numbers(results):
                                torch.tensor([1.12, 0.779, 0.582, 0.432], dtype=torch.float64), rtol=0.05, atol=0)
     torch.testing.assert_close(mean("isotropic", "CG"),
                                torch.tensor([0.455, 0.0844, 0.0117, 0.00085], dtype=torch.float64), rtol=0.03, atol=0)
+
+
+def test_cg_is_exact_from_d_steps_on_and_no_trained_model_is(results):
+    """Section 7 at 5 and 6 layers: CG has run d = 5 steps, its loss is rounding; the trained models are far above,
+    and their 5-layer means are carried by a few tasks (not shown converged, as the chapter says)."""
+    assert results["recipe"]["depths"] == (1, 2, 3, 4, 5, 6)
+    for setting in memformer.SETTINGS:
+        assert results["baselines"][setting]["CG"]["mean"][4:].max() < 1e-20
+        for family in memformer.MODELS:
+            assert memformer.final_losses(results, setting, family)[0][:, 4:].min() > 1e-3, (setting, family)
+    for family in PRECONDITIONED:
+        means, errors = memformer.final_losses(results, "isotropic", family)
+        assert (errors[:, 4] / means[:, 4]).max() > 0.3, family
 
 
 def test_models_with_every_entry_of_p_and_q_trained(results):
@@ -118,8 +133,30 @@ def test_small_batch_fits_are_finished_and_stay_above_cg_at_ten_tasks(results):
     assert small[10]["gradient_norm"].max() < 1e-5
     assert (small[10]["batch"] <= small[10]["restarts_best"] * (1 + 1e-6)).all()
     assert (small[10]["batch"] > small[10]["cg_batch"]).all()
-    torch.testing.assert_close((small[10]["batch"] / small[10]["cg_batch"]).mean(0),
+    torch.testing.assert_close((small[10]["batch"] / small[10]["cg_batch"]).mean(0)[:CONVERGED],
                                torch.tensor([1.05, 1.53, 2.20, 3.84], dtype=torch.float64), rtol=0.02, atol=0)
-    assert (small[1]["batch"] <= small[1]["cg_batch"]).all()
+    assert (small[1]["batch"] <= small[1]["cg_batch"])[:, :CONVERGED].all()   # from d = 5 steps CG is exact
     assert (small[1]["batch"][:, :3] <= small[1]["restarts_best"][:, :3] * (1 + 1e-4)).all()   # finished to 3 layers
     assert (small[1]["restarts_best"][:, 3] < 0.8 * small[1]["batch"][:, 3]).any()              # not quite at 4
+
+
+def test_the_comparison_figure_draws_cg_past_d_steps_on_the_lower_edge_with_its_value(results):
+    """CG's 1e-26 after 5 steps would squash every other curve into a line: it is drawn on the panel's lower edge,
+    as a downward triangle, with its value written beside it; the trained families keep their own scale."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from icl_course.plots import plot_memformer_comparison
+
+    figure = plot_memformer_comparison(results)
+    try:
+        top_left = figure.axes[0]
+        notes = [text.get_text() for text in top_left.texts]
+        assert len(notes) == 2 and all(float(note) < 1e-20 for note in notes)
+        bottom = top_left.get_ylim()[0]
+        lowest_model = min(memformer.final_losses(results, "rotated", family)[0].mean(0).log10().min()
+                           for family in memformer.MODELS)
+        assert lowest_model - 1.5 < bottom < lowest_model      # the scale is the models', not CG's 1e-26
+    finally:
+        plt.close(figure)

