@@ -384,6 +384,7 @@ FULL_ATTENTION = {"heads": ("CGD-like + A_l", (1, 5)), "quasi_newton": ("LFOM (t
 # a GPU at 1 500 to 12 000 steps (research/full_attention_gpu.py), which shows 1-2 layers converged by 3 000 and
 # 3-4 layers still falling at 12 000 (results["full_attention_lengths"] holds the shorter trainings)
 FULL_ATTENTION_STEPS = 12_000
+FULL_ATTENTION_DEPTHS = (1, 2, 3, 4)   # the paper's depths: these models cost hundreds of times a GD-form one
 RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4, 5, 6), "seeds": (0, 1, 2), "num_steps": 2000, "batch_size": 500,
           "learning_rate": 0.05, "warmup_steps": 100, "clip_norm": 1.0, "curve_every": 100, "curve_tasks": 20_000,
           "eval_tasks": 1_000_000, "shallow_eval_tasks": 200_000, "tune_tasks": 10_000, "baseline_tasks": 200_000}
@@ -768,7 +769,8 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
                   for s in SETTINGS]
         print(f"{family}: rotated {[f'{v:.3g}' for v in finals[0]]}, isotropic {[f'{v:.3g}' for v in finals[1]]}, "
               f"{time.perf_counter() - start:.0f} s", flush=True)
-    longer = dict(r, num_steps=FULL_ATTENTION_STEPS if r is RECIPE or r == RECIPE else r["num_steps"])
+    longer = dict(r, num_steps=FULL_ATTENTION_STEPS if r is RECIPE or r == RECIPE else r["num_steps"],
+                  depths=tuple(depth for depth in r["depths"] if depth in FULL_ATTENTION_DEPTHS))
     for part, (family, keys) in FULL_ATTENTION.items():
         if part in results and results.get("full_attention_steps") == longer["num_steps"]:
             continue

@@ -12,13 +12,16 @@ recipe (Adam, warm-up, cosine decay, clipping, batch 500) but ``num_steps``, the
 stream (training each depth alone draws the same batches as training all depths at once).
 
     python research/full_attention_gpu.py time --device cuda              # ms per step, all groups side by side
-    python research/full_attention_gpu.py train --device cuda --steps 40000 --out trained.pt
-    python research/full_attention_gpu.py score trained.pt                # on the CPU: writes the shipped file
+    python research/full_attention_gpu.py train --device cuda --steps 3000 --out trained_3000.pt
+    python research/full_attention_gpu.py train --device cuda --steps 12000 --out trained_12000.pt
+    python research/full_attention_gpu.py score trained_3000.pt trained_12000.pt   # on the CPU: the shipped file
 
-``score`` scores every model on fresh tasks on the CPU in float64 (as ``run_experiments`` does) and writes the
-longer runs into ``icl_course/pretrained/ch5_memformers.pt`` (``results["heads"]``, ``results["quasi_newton"]``,
-``full_attention_steps``), and the shorter ones beside them (``results["full_attention_half"]``) as the
-convergence check.
+(the shipped file was made by exactly these, on one H200: 94 s and 354 s of training).  ``score`` scores every
+model on fresh tasks on the CPU in float64 (as ``run_experiments`` does) and writes the longest training into
+``icl_course/pretrained/ch5_memformers.pt`` (``results["heads"]``, ``results["quasi_newton"]``,
+``full_attention_steps``) and every shorter one beside it (``results["full_attention_lengths"][steps]``), the
+convergence check.  ``--seconds S`` instead of ``--steps`` times the groups first and picks the most steps that
+fit (it overestimates: the 100 timed steps include each process's start).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 
 from icl_course import memformer
 
-DEPTHS = memformer.RECIPE["depths"]
+DEPTHS = memformer.FULL_ATTENTION_DEPTHS
 GROUPS = [(part, key, depth) for part, (_, keys) in memformer.FULL_ATTENTION.items()
           for key in (keys if part == "heads" else (None,)) for depth in DEPTHS]
 
