@@ -976,3 +976,28 @@ def test_the_command_with_jobs_trains_in_processes_and_scores_the_merged_folder(
     with pytest.raises(SystemExit):      # the jobs share out every variant and column themselves
         cli(["table1", "--budget", "quick", "--jobs", "2", "--columns", "1", "--out", str(tmp_path / "other")])
     assert "leave out --variants and --columns" in capsys.readouterr().err
+
+
+def test_the_gpu_timing_benchmark_counts_the_stacks_a_run_trains():
+    """benchmarks/table1_gpu_timing.py: a depth without seeds still has a stack (its deepened candidates; it once
+    timed zero models there), a stack's steps are its two phases as the run's progress bar counts them, and the
+    prediction interpolates the time per step linearly in depth."""
+    import importlib.util
+    from pathlib import Path
+
+    from icl_course.table1 import BUDGETS, VARIANTS
+    from icl_course.table1.budget import clipped_steps
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "table1_gpu_timing.py"
+    spec = importlib.util.spec_from_file_location("table1_gpu_timing", path)
+    timing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timing)
+    budget = BUDGETS["gpu"]
+    assert budget.seeds_at(4) == () and timing.stack_size(budget, 4, "diag") == 20       # two deepened per column
+    assert timing.stack_size(budget, 2, "gdpp") == 30                                   # three seeds per column
+    assert timing.stack_steps(budget, 3, "gdpp") == clipped_steps(budget, 3, "gdpp", VARIANTS) + 6000
+    # a time per step linear in depth, measured at 1 and 7 layers, is recovered exactly at every depth
+    measured = {(variant, depth): 0.001 * depth for variant in VARIANTS for depth in (1, 7)}
+    expected = sum(0.001 * depth * timing.stack_steps(budget, depth, variant)
+                   for variant in VARIANTS for depth in budget.depths)
+    assert abs(timing.predicted_seconds(measured, budget) - expected) < 1e-9 * expected
