@@ -157,7 +157,7 @@ class Memformer(nn.Module):
             raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
         if memory not in MEMORIES:
             raise ValueError(f"unknown memory {memory!r}; choose one of {', '.join(MEMORIES)}")
-        if tied not in (True, False, "layer"):
+        if not isinstance(tied, bool) and tied != "layer":   # 1 or 0 would pass `in (True, False)` and misindex
             raise ValueError(f"tied is True (one gate per register entry), 'layer' (one per layer) or False (every "
                              f"gate); got {tied!r}")
         if attention == "identity" and num_heads != 1:
@@ -897,6 +897,9 @@ def training_lengths(results: dict, part: str, key) -> tuple[list[int], torch.Te
         raise KeyError(f"unknown part {part!r}; choose one of {list(FULL_ATTENTION)}")
     trained = {results["full_attention_steps"]: results[part], **{
         steps: parts[part] for steps, parts in results.get("full_attention_lengths", {}).items()}}
+    if any(key not in runs for runs in trained.values()):
+        raise KeyError(f"no {part!r} runs with key {key!r} in these results; "
+                       f"choose one of {list(FULL_ATTENTION[part][1])}")
     steps = sorted(trained)
     scores = [run_losses(trained[length][key]) for length in steps]
     return steps, torch.stack([s[0] for s in scores]), torch.stack([s[1] for s in scores])

@@ -92,6 +92,8 @@ def test_models_with_every_entry_of_p_and_q_trained(results):
     those means: their bands are wide."""
     assert results["full_attention_steps"] == 12_000
     assert sorted(results["full_attention_lengths"]) == [1500, 3000, 6000]
+    with pytest.raises(KeyError, match=r"choose one of \[1, 5\]"):
+        memformer.training_lengths(results, "heads", 3)
     assert all(sorted(results[part][key]) == list(memformer.FULL_ATTENTION_DEPTHS)
                for part, keys in (("heads", (1, 5)), ("quasi_newton", memformer.SETTINGS)) for key in keys)
     best = memformer.one_layer_optimum("rotated", "CGD-like + A_l")

@@ -99,8 +99,9 @@ def test_per_layer_gates_are_every_gate_equal_to_its_layers_and_momentum_their_r
         step = -gradient @ per_layer.A[layer].sum(0).T.detach() * gate[layer]
         momentum = gate[layer] / gate[layer - 1] * (w[:, layer] - w[:, layer - 1]) if layer > 0 else 0.0
         torch.testing.assert_close(w[:, layer + 1], w[:, layer] + momentum + step, rtol=1e-10, atol=1e-12)
-    with pytest.raises(ValueError, match="tied is True"):
-        Memformer(5, 20, memory="lfom", tied="entry")
+    for wrong in ("entry", 1, 0):
+        with pytest.raises(ValueError, match="tied is True"):
+            Memformer(5, 20, memory="lfom", tied=wrong)
 
 
 def test_momentum_and_nesterov_converge(batch):
