@@ -15,7 +15,11 @@ the others go on.  Divergence is judged per model with a spike-tolerant rule: a 
 not finite, or larger than ``spike_factor`` times the model's running median, is *skipped* for that
 model (no update, Adam state untouched) and counted; ``patience`` skipped steps in a row and the
 model has diverged.  Deep models see single batches with one ill-conditioned task that spike the
-loss by orders of magnitude; skipping them keeps good runs alive.
+loss by orders of magnitude; skipping them keeps good runs alive.  With ``restarts`` a model whose
+patience runs out is not given up at once: it goes back to its state at the end of its last clean
+logging window (weights, Adam moments, running median) and goes on at ``backoff`` times its rate, up to
+``restarts`` times.  A skipped step leaves the weights where they are, so a model that has drifted to
+weights where every batch breaks the rule can never get past it; going back before the drift can.
 
 The forward pass is the one of :class:`~icl_course.models.LinearTransformer`, on each task's
 ``(d+1) x (d+1)`` Gram matrix: ``A_l = sum_k P_k G Q_k``, ``G <- (I + A_l) G (I + A_l)^T``, and the
@@ -117,6 +121,7 @@ class SweepResult:
     history: list = field(default_factory=list)   # [(step, mean loss over the window)]
     skipped_steps: int = 0           # spikes skipped in total
     message: str = ""
+    restarts: list = field(default_factory=list)   # [(step, the step it went back to, its rate factor after)]
 
 
 class ModelStack:
@@ -262,8 +267,10 @@ class _SweepState:
     tensor but ``steps`` (per spec, CPU) has one row per active model.
     """
 
-    def __init__(self, specs: Sequence[ModelSpec], stack: ModelStack, stream: _TaskStream, median_window: int):
+    def __init__(self, specs: Sequence[ModelSpec], stack: ModelStack, stream: _TaskStream, median_window: int,
+                 backoff: float = 0.5):
         M, device = len(specs), stack.device
+        self.backoff = backoff
         self.specs, self.stack, self.stream, self.median_window = list(specs), stack, stream, median_window
         self.active = list(range(M))
         self.steps = torch.zeros(M, dtype=torch.long)
@@ -273,11 +280,56 @@ class _SweepState:
         self.skipped = torch.zeros(M, dtype=torch.long, device=device)
         self.window_sum = torch.zeros(M, dtype=torch.float64, device=device)
         self.window_count = torch.zeros(M, dtype=torch.float64, device=device)
+        self.window_bad = torch.zeros(M, dtype=torch.long, device=device)
+        self.rate_factor = torch.ones(M, dtype=torch.float64, device=device)
+        self.restarts = {spec.name: [] for spec in specs}
         self.histories = {spec.name: [] for spec in specs}
+        self.take_snapshot(torch.ones(M, dtype=torch.bool, device=device))
         self.results: dict[str, SweepResult] = {}
         self.elapsed_before = 0.0
         self.started = time.perf_counter()
         self.refresh_schedule()
+
+    def take_snapshot(self, rows: torch.Tensor) -> None:
+        """Remember the state of the active models at ``rows`` ((M,) bool), for a restart to go back to."""
+        if not hasattr(self, "snapshot"):
+            self.snapshot = {"params": {name: value.detach().clone() for name, value in self.stack.params.items()},
+                             "adam": AdamState({k: v.clone() for k, v in self.adam.moments.items()},
+                                               {k: v.clone() for k, v in self.adam.squares.items()},
+                                               self.adam.steps.clone()),
+                             "recent": self.recent.clone(),
+                             "step": self.steps[torch.tensor(self.active, dtype=torch.long)].clone()}
+            return
+        self._copy_rows(rows, to_snapshot=True)
+
+    def _copy_rows(self, rows: torch.Tensor, to_snapshot: bool) -> None:
+        shot = self.snapshot
+        pairs = [(shot["params"][name], value.data) for name, value in self.stack.params.items()]
+        pairs += [(shot["adam"].moments[name], self.adam.moments[name]) for name in self.adam.moments]
+        pairs += [(shot["adam"].squares[name], self.adam.squares[name]) for name in self.adam.squares]
+        pairs += [(shot["adam"].steps, self.adam.steps), (shot["recent"], self.recent)]
+        with torch.no_grad():
+            for saved, live in pairs:
+                mask = rows.view((-1,) + (1,) * (live.dim() - 1))
+                if to_snapshot:
+                    saved.copy_(torch.where(mask, live, saved))
+                else:
+                    live.copy_(torch.where(mask, saved, live))
+        if to_snapshot:
+            now = self.steps[torch.tensor(self.active, dtype=torch.long)]
+            shot["step"] = torch.where(rows.cpu(), now, shot["step"])
+
+    def restart(self, positions: list) -> None:
+        """Send the models at ``positions`` back to their snapshot, at ``backoff`` times their rate."""
+        rows = torch.zeros(len(self.active), dtype=torch.bool, device=self.stack.device)
+        rows[positions] = True
+        self._copy_rows(rows, to_snapshot=False)
+        self.bad_run = torch.where(rows, torch.zeros_like(self.bad_run), self.bad_run)
+        self.rate_factor = torch.where(rows, self.rate_factor * self.backoff, self.rate_factor)
+        for position in positions:
+            i = self.active[position]
+            self.restarts[self.specs[i].name].append(
+                (int(self.steps[i]), int(self.snapshot["step"][position]), float(self.rate_factor[position])))
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.started
@@ -295,7 +347,8 @@ class _SweepState:
         """One step of every active model; a model whose loss breaks the spike rule skips it."""
         stack, device = self.stack, self.stack.device
         step_now = self.steps[torch.tensor(self.active, dtype=torch.long)].to(device=device, dtype=torch.float64)
-        rate = self.base_rate * schedule_factor(step_now, self.total_steps, self.warmup, self.cosine, final_fraction)
+        rate = self.base_rate * self.rate_factor * schedule_factor(step_now, self.total_steps, self.warmup,
+                                                                   self.cosine, final_fraction)
         gram, w = self.stream.sample(batch_size)
         per_model = 0.5 * ((stack.final_weights(gram) - w) ** 2).sum(-1).mean(-1)            # (M,)
         loss_values = per_model.detach().double()
@@ -321,23 +374,36 @@ class _SweepState:
             self.skipped = self.skipped + (~good).long()
             self.window_sum = self.window_sum + torch.where(good, loss_values, torch.zeros_like(loss_values))
             self.window_count = self.window_count + good.double()
+            self.window_bad = self.window_bad + (~good).long()
         for i in self.active:
             self.steps[i] += 1
 
-    def log(self, patience: int, spike_factor: float) -> tuple[torch.Tensor, dict]:
+    def log(self, patience: int, spike_factor: float, restarts: int = 0) -> tuple[torch.Tensor, dict]:
         """Close the logging window: each active model's mean loss over it (in its history), and
-        ``{position: ("diverged", why)}`` of the models whose patience ran out."""
+        ``{position: ("diverged", why)}`` of the models whose patience ran out and that have no restart
+        left (the others restart, :meth:`restart`).  A model whose window had no skipped step is snapshotted."""
         means = (self.window_sum / self.window_count.clamp(min=1)).cpu()
         runs = self.bad_run.cpu()
         for position, i in enumerate(self.active):
             self.histories[self.specs[i].name].append((int(self.steps[i]), float(means[position])))
+        if restarts:
+            self.take_snapshot(self.window_bad == 0)
         self.window_sum.zero_()
         self.window_count.zero_()
-        diverged = {}
+        self.window_bad.zero_()
+        diverged, again = {}, []
         for position, i in enumerate(self.active):
-            if int(runs[position]) >= patience:
-                diverged[position] = ("diverged", f"{int(runs[position])} steps in a row had a non-finite loss or "
-                                      f"one above {spike_factor:g}x the running median (at step {int(self.steps[i])})")
+            if int(runs[position]) < patience:
+                continue
+            if len(self.restarts[self.specs[i].name]) < restarts:
+                again.append(position)
+                continue
+            went_back = f" (after {restarts} restarts at a lower rate)" if restarts else ""
+            diverged[position] = ("diverged", f"{int(runs[position])} steps in a row had a non-finite loss or "
+                                  f"one above {spike_factor:g}x the running median (at step {int(self.steps[i])})"
+                                  f"{went_back}")
+        if again:
+            self.restart(again)
         return means, diverged
 
     def leave(self, leaving: dict, on_leave: Optional[Callable[[SweepResult], None]]) -> None:
@@ -350,7 +416,7 @@ class _SweepState:
             status, message = leaving[position]
             result = SweepResult(spec.name, self.stack.to_model(position, spec.seed), status,
                                  int(self.steps[self.active[position]]), final, self.elapsed(), history,
-                                 int(skipped[position]), message)
+                                 int(skipped[position]), message, list(self.restarts[spec.name]))
             self.results[spec.name] = result
             if on_leave is not None:
                 on_leave(result)
@@ -363,6 +429,11 @@ class _SweepState:
         self.adam = self.adam.select(index)
         self.recent, self.bad_run, self.skipped = self.recent[index], self.bad_run[index], self.skipped[index]
         self.window_sum, self.window_count = self.window_sum[index], self.window_count[index]
+        self.window_bad, self.rate_factor = self.window_bad[index], self.rate_factor[index]
+        shot = self.snapshot
+        self.snapshot = {"params": {name: value[index] for name, value in shot["params"].items()},
+                         "adam": shot["adam"].select(index), "recent": shot["recent"][index],
+                         "step": shot["step"][index.cpu()]}
         self.stream.set_noises([self.specs[i].noise for i in self.active])
         self.refresh_schedule()
 
@@ -377,12 +448,20 @@ class _SweepState:
             "adam_steps": self.adam.steps.cpu(), "recent": self.recent.cpu(), "bad_run": self.bad_run.cpu(),
             "skipped": self.skipped.cpu(), "window_sum": self.window_sum.cpu(),
             "window_count": self.window_count.cpu(),
+            "window_bad": self.window_bad.cpu(), "rate_factor": self.rate_factor.cpu(),
+            "restarts": {key: [list(entry) for entry in value] for key, value in self.restarts.items()},
+            "snapshot": {"params": {name: value.cpu() for name, value in self.snapshot["params"].items()},
+                         "moments": {name: value.cpu() for name, value in self.snapshot["adam"].moments.items()},
+                         "squares": {name: value.cpu() for name, value in self.snapshot["adam"].squares.items()},
+                         "adam_steps": self.snapshot["adam"].steps.cpu(), "recent": self.snapshot["recent"].cpu(),
+                         "step": self.snapshot["step"].clone()},
             "histories": {key: [list(entry) for entry in value] for key, value in self.histories.items()},
             "elapsed": self.elapsed(), "generator": self.stream.generator.get_state(),
             "results": {name: {"state": result.model.state_dict(), "status": result.status,
                                "steps": result.steps, "final_loss": result.final_loss,
                                "wall_time": result.wall_time, "skipped": result.skipped_steps,
-                               "message": result.message, "seed": self.specs[self.index_of(name)].seed}
+                               "message": result.message, "seed": self.specs[self.index_of(name)].seed,
+                               "restarts": [list(entry) for entry in result.restarts]}
                         for name, result in self.results.items()},
         }
 
@@ -404,6 +483,24 @@ class _SweepState:
         self.skipped = saved["skipped"].to(device)
         self.window_sum, self.window_count = saved["window_sum"].to(device), saved["window_count"].to(device)
         self.histories = {key: [tuple(entry) for entry in value] for key, value in saved["histories"].items()}
+        # checkpoints written before restarts existed have none of their state: none had restarted
+        self.window_bad = saved.get("window_bad", torch.zeros_like(self.bad_run.cpu())).to(device)
+        self.rate_factor = saved.get("rate_factor", torch.ones(len(self.active), dtype=torch.float64)).to(device)
+        self.restarts = {spec.name: [tuple(entry) for entry in saved.get("restarts", {}).get(spec.name, [])]
+                         for spec in self.specs}
+        shot = saved.get("snapshot")
+        if shot is None:
+            del self.snapshot
+            self.take_snapshot(torch.ones(len(self.active), dtype=torch.bool, device=device))
+        else:
+            self.snapshot = {"params": {name: value.to(device=device, dtype=dtype)
+                                        for name, value in shot["params"].items()},
+                             "adam": AdamState({name: value.to(device=device, dtype=dtype)
+                                                for name, value in shot["moments"].items()},
+                                               {name: value.to(device=device, dtype=dtype)
+                                                for name, value in shot["squares"].items()},
+                                               shot["adam_steps"].to(device)),
+                             "recent": shot["recent"].to(device), "step": shot["step"].clone()}
         self.elapsed_before = saved["elapsed"]
         self.stream.set_noises([self.specs[i].noise for i in self.active])
         self.stream.generator.set_state(saved["generator"])
@@ -412,7 +509,7 @@ class _SweepState:
             model.load_state_dict(entry["state"])
             self.results[name] = SweepResult(name, model, entry["status"], entry["steps"], entry["final_loss"],
                                              entry["wall_time"], self.histories.get(name, []), entry["skipped"],
-                                             entry["message"])
+                                             entry["message"], [tuple(item) for item in entry.get("restarts", [])])
         self.refresh_schedule()
 
 
@@ -462,6 +559,7 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
                 parameterization: str = "diag", num_heads: int = 1, batch_size: int = 2048,
                 init_scale: float = 0.02, clip_norm: Optional[float] = 1.0, final_fraction: float = 0.0,
                 spike_factor: float = 100.0, patience: int = 50, median_window: int = 64,
+                restarts: int = 0, backoff: float = 0.5,
                 dtype: str | torch.dtype = torch.float32, device: str | torch.device = "auto",
                 seed: int = 0, checkpoint: Optional[str | os.PathLike] = None, checkpoint_every: int = 1000,
                 log_every: int = 50, progress: bool | Callable = True,
@@ -475,6 +573,9 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
         clip_norm: each model's gradient is clipped to this global norm (None: no clipping).
         final_fraction: the cosine schedule ends at this fraction of the base rate.
         spike_factor, patience, median_window: the spike-tolerant divergence rule (module docstring).
+        restarts, backoff: how many times a model whose patience runs out goes back to its last clean
+            window's state, at ``backoff`` times its rate, before it counts as diverged (0: never; the
+            result's ``restarts`` lists them).
         dtype, device: where and in which precision the stack trains.
         seed: seeds the task stream.
         checkpoint: a file the whole stack is saved to every ``checkpoint_every`` steps and resumed
@@ -485,6 +586,9 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
     """
     specs = list(specs)
     _check_sweep(specs, batch_size, checkpoint_every, log_every, patience)
+    check_count(restarts, "restarts", minimum=0)
+    if not (isinstance(backoff, (int, float)) and 0 < backoff < 1):
+        raise ValueError(f"backoff must be a factor between 0 and 1 (the rate after a restart), got {backoff!r}")
     dtype, device = resolve_dtype(dtype), resolve_device(device)
     stack = ModelStack(_initial_models(specs, d, num_layers, num_heads, parameterization, init_scale),
                        dtype=dtype, device=device)
@@ -493,8 +597,10 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
                          batch_size=batch_size, init_scale=init_scale, clip_norm=clip_norm,
                          final_fraction=final_fraction, spike_factor=spike_factor, patience=patience,
                          dtype=str(dtype), seed=seed, models=[spec.key() for spec in specs])
+    if restarts:   # a sweep without restarts keeps the configuration of the checkpoints written before them
+        configuration.update(restarts=restarts, backoff=backoff)
     state = _SweepState(specs, stack, _TaskStream([spec.noise for spec in specs], d, n, dtype, device, seed),
-                        median_window)
+                        median_window, backoff)
     path = None if checkpoint is None else Path(checkpoint)
     if path is not None and path.exists():
         state.load(_read_sweep_checkpoint(path, configuration), (d, num_layers, num_heads, parameterization))
@@ -517,7 +623,7 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
             finished = [p for p, i in enumerate(state.active) if int(state.steps[i]) >= specs[i].num_steps]
             leaving = {}
             if current % log_every == 0 or finished:
-                means, leaving = state.log(patience, spike_factor)
+                means, leaving = state.log(patience, spike_factor, restarts)
                 if bar is not None and len(state.active):
                     shown = ", ".join(f"{float(m):.3g}" for m in means[: min(4, len(state.active))])
                     bar.set_postfix_str(f"loss {shown}{' ...' if len(state.active) > 4 else ''}")

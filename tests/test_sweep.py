@@ -64,6 +64,50 @@ def test_a_diverging_model_leaves_without_stopping_the_others():
     assert results["m0"].status == "finished" and results["m0"].steps == 40
 
 
+def test_a_model_whose_patience_runs_out_restarts_from_its_last_clean_window_at_a_lower_rate():
+    options = dict(d=4, n=8, num_layers=3, batch_size=64, device="cpu", progress=False, log_every=5, patience=5,
+                   clip_norm=None)
+    # 1e3 blows up at once; after one restart at 1e-5 of it, the rate is the one m0 trains at
+    results = train_sweep(_specs(num_steps=(40, 40), rates=(1e-2, 1e3)), restarts=1, backoff=1e-5, **options)
+    rescued = results["m1"]
+    assert rescued.status == "finished" and rescued.steps == 40 and len(rescued.restarts) == 1
+    step, went_back_to, factor = rescued.restarts[0]
+    assert factor == 1e-5 and went_back_to % 5 == 0 and step - went_back_to >= 5
+    assert all(torch.isfinite(value).all() for value in rescued.model.parameters())
+    assert rescued.history[-1][1] < rescued.history[0][1]          # it trains after the restart
+    # halving is not enough for 1e3: after its restarts the model is given up, and the message says so
+    given_up = train_sweep(_specs(num_steps=(40, 40), rates=(1e-2, 1e3)), restarts=2, **options)["m1"]
+    assert given_up.status == "diverged" and len(given_up.restarts) == 2 and "after 2 restarts" in given_up.message
+    assert [entry[2] for entry in given_up.restarts] == [0.5, 0.25]
+    with pytest.raises(ValueError, match="backoff"):
+        train_sweep(_specs(), restarts=1, backoff=1.5, **options)
+    with pytest.raises(ValueError, match="restarts"):
+        train_sweep(_specs(), restarts=-1, **options)
+
+
+def test_an_interrupted_sweep_with_a_restart_resumes_exactly(tmp_path):
+    options = dict(d=4, n=8, num_layers=3, batch_size=64, device="cpu", log_every=5, checkpoint_every=10,
+                   patience=5, clip_norm=None, restarts=1, backoff=1e-5)
+    specs = dict(num_steps=(40, 40), rates=(1e-2, 1e3))
+    reference = train_sweep(_specs(**specs), progress=False, **options)
+    assert reference["m1"].restarts and reference["m1"].restarts[0][0] < 20   # restarted before the stop
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_25(step, losses):
+        if step == 25:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_sweep(_specs(**specs), checkpoint=tmp_path / "sweep.pt", progress=stop_at_25, **options)
+    resumed = train_sweep(_specs(**specs), checkpoint=tmp_path / "sweep.pt", progress=False, **options)
+    assert resumed["m1"].restarts == reference["m1"].restarts
+    for name in reference:
+        for mine, theirs in zip(resumed[name].model.parameters(), reference[name].model.parameters()):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+
 def test_an_interrupted_sweep_resumes_exactly(tmp_path):
     options = dict(d=4, n=8, num_layers=2, batch_size=64, device="cpu", log_every=5, checkpoint_every=10)
     reference = train_sweep(_specs(), progress=False, **options)

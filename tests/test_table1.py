@@ -685,6 +685,49 @@ def test_a_deep_cell_keeps_a_light_tailed_candidate_over_a_lower_heavy_tailed_me
     assert pick_candidate({"broken": Estimate(math.nan, math.nan, 10), "other": worse}, deep=True) == "other"
 
 
+def test_on_stretched_tuning_tasks_candidates_compete_on_their_mean_plus_two_standard_errors():
+    from icl_course.evaluate import Estimate
+    from icl_course.table1 import pick_candidate
+
+    # the cpu run's 6-layer noiseless Diag on the stretched tasks: the deepened-before-layer-0 candidate, 1.2e-5
+    # with 8.8%, against 6.8e-4 with 1.3%; the 2% bound kept the one 58 times higher
+    better, worse = Estimate(1.16e-5, 1.02e-6, 10**6), Estimate(6.76e-4, 8.8e-6, 10**6)
+    assert pick_candidate({"d0": better, "d4": worse}, deep=True) == "d4"
+    assert pick_candidate({"d0": better, "d4": worse}, deep=True, stretched=True) == "d0"
+    # an uncertain lower mean loses to a sure one whose bound is lower; an explosion never wins
+    assert pick_candidate({"uncertain": Estimate(1.0e-5, 1.0e-5, 10**6), "sure": Estimate(2.0e-5, 1e-6, 10**6)},
+                          deep=True, stretched=True) == "sure"
+    assert pick_candidate({"exploded": Estimate(3.5e45, 3.0e45, 10**6), "overflow": Estimate(math.inf, math.nan, 10),
+                           "d0": better}, deep=True, stretched=True) == "d0"
+
+
+def test_a_model_the_spike_rule_stopped_before_restarts_existed_trains_again_on_resume(tmp_path):
+    from icl_course.checkpoints import load_checkpoint, save_checkpoint
+    from icl_course.table1.training import SPIKE_RESTARTS
+
+    options = dict(TINY, depths=(1,), columns=["1"], variants=["diag"])
+    out = tmp_path / "run"
+    run_table1(out, "quick", device="cpu", **options)
+    path = out / "models" / "diag-L1-u1-s0.pt"
+    saved = load_checkpoint(path, device="cpu")
+    assert saved.metadata["restarts"] == [] and saved.metadata["status"] == "finished"   # every model records them
+    # as a run made before restarts would have saved it: stopped by the spike rule, no restarts recorded
+    old = {key: value for key, value in saved.metadata.items() if key != "restarts"}
+    save_checkpoint(path, saved.model, metadata=dict(old, status="diverged", steps=20, message="stopped"))
+    untouched = (out / "models" / "diag-L1-u1-s1.pt").read_bytes()
+    run_table1(out, "quick", device="cpu", **options)
+    assert load_checkpoint(out / "models" / "diag-L1-u1-s0.stale.pt", device="cpu").metadata["status"] == "diverged"
+    again = load_checkpoint(path, device="cpu").metadata
+    assert again["status"] == "finished" and again["steps"] == 40 and again["restarts"] == []
+    assert (out / "models" / "diag-L1-u1-s1.pt").read_bytes() == untouched   # a finished model stays as it is
+    # stopped now, with its restarts used up, a model is what the rule made of it and stays stopped
+    used_up = [[30, 20, 0.5]] * SPIKE_RESTARTS
+    save_checkpoint(path, saved.model, metadata=dict(again, status="diverged", restarts=used_up))
+    stopped = path.read_bytes()
+    run_table1(out, "quick", device="cpu", **options)
+    assert path.read_bytes() == stopped and not (out / "models" / "diag-L1-u1-s0.stale-2.pt").exists()
+
+
 def test_the_candidates_of_a_deep_cell_are_compared_on_as_many_tasks_as_it_is_scored_on(tmp_path):
     from icl_course.evaluate import Estimate
     from icl_course.table1 import pick_candidate

@@ -45,14 +45,21 @@ def tuning_sampler(column: str, deep: bool, device) -> RegressionTasks:
     return RegressionTasks(D, N, column_noise(column), dtype=torch.float64, device=device)
 
 
-def pick_candidate(scores: dict[str, Estimate], deep: bool) -> str:
+def pick_candidate(scores: dict[str, Estimate], deep: bool, stretched: bool = False) -> str:
     """The candidate of a cell with the lowest mean on the tuning sample (``scores``: name -> Estimate).
 
     For a deep cell, scored on a million tasks, only among the candidates whose standard error is at most
     ``LIGHT_TAIL_STDERR`` (2%) of their mean, if there are any: a larger one is the mark of a heavy tail, whose
-    mean that many tasks do not pin down (a few tasks in a million carry it).  A mean that is not finite never
-    wins.
+    mean that many tasks do not pin down (a few tasks in a million carry it).  On stretched tuning tasks
+    (``stretched``) the rare tasks are drawn on purpose and weighted back, so a standard error there rests on
+    many of them and is an honest one, whatever its size: the candidates compete on their upper bound, the mean
+    plus two standard errors, and a better model whose error is larger is not passed over for a worse one with
+    a small error.  A mean that is not finite never wins.
     """
+    if stretched:
+        bounds = {name: (score.mean + 2 * score.stderr if math.isfinite(score.mean + score.stderr) else math.inf)
+                  for name, score in scores.items()}
+        return min(bounds, key=bounds.get)
     if deep:
         light = {name: score for name, score in scores.items()
                  if score.stderr <= LIGHT_TAIL_STDERR * abs(score.mean)}
@@ -93,7 +100,7 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
         if saved.get("candidates") == list(by_name) and newer_than(path, usable) \
                 and saved.get("tuning", "plain") == law:
             chosen = pick_candidate({name: Estimate(*score[:2], int(score[2])) for name, score
-                                     in saved["scores"].items()}, deep_cell)
+                                     in saved["scores"].items()}, deep_cell, stretched)
             if chosen != saved["selected"]:
                 write_json(path, dict(saved, selected=chosen))
             return by_name[chosen], saved["scores"]
@@ -101,7 +108,7 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
     scores = adjusted_losses(models, sampler, chunk_size=budget.chunk_size, seed=700 + COLUMNS.index(column),
                              num_tasks=max(budget.tuning_tasks, budget.eval_tasks_deep) if deep_cell
                              else budget.tuning_tasks)
-    chosen = pick_candidate(scores, deep_cell)
+    chosen = pick_candidate(scores, deep_cell, stretched)
     scores = {name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {"cell": cell, "column": column, "candidates": list(by_name), "selected": chosen,

@@ -24,6 +24,12 @@ from .candidate import Candidate
 from .paper import VARIANTS, D, N
 from .select import cell_choice
 
+#: a model whose clipped phase breaks the spike rule ``patience`` steps in a row goes back to its last clean
+#: logging window at half its rate, up to this many times, before it counts as diverged
+#: (:func:`~icl_course.sweep.train_sweep`): deepened noiseless models drift, now and then, to weights where
+#: every batch breaks the rule, and a stopped candidate is a lost one (research/README.md)
+SPIKE_RESTARTS = 3
+
 
 def append_layer(model: LinearTransformer, seed: int, init_scale: float = 0.02) -> LinearTransformer:
     """``model`` (float64, CPU) with one more layer, freshly initialised with ``seed``, appended at the end."""
@@ -176,21 +182,25 @@ class StackTrainer:
 
     def set_aside_stale(self, plan: StackPlan) -> None:
         """Rename the saved models of ``plan`` that no longer start where the plan says (``NAME.stale.pt``), so
-        that they train again: a deepened model whose shallower cell now keeps another candidate, or any model
-        whose start was trained again after it (nothing is deleted)."""
+        that they train again: a deepened model whose shallower cell now keeps another candidate, any model
+        whose start was trained again after it, and a model the spike rule stopped before stopped models
+        restarted (``SPIKE_RESTARTS``); nothing is deleted."""
         for planned in plan.models:
-            if planned.source is None:
-                continue
             final = self.out / "models" / f"{planned.name}.pt"
             saved = [path for path in (final, final.with_name(f"{planned.name}.clipped.pt")) if path.exists()]
             if not saved:
                 continue
-            source = self.candidates[planned.source].path
+            metadata = load_checkpoint(saved[0], device="cpu").metadata
             why = None
-            if source.exists() and source.stat().st_mtime > min(path.stat().st_mtime for path in saved):
+            if metadata.get("status") == "diverged" and "restarts" not in metadata:
+                why = "the spike rule stopped it, and stopped models now restart from their last good state"
+            elif planned.source is None:
+                continue
+            elif (source := self.candidates[planned.source].path).exists() \
+                    and source.stat().st_mtime > min(path.stat().st_mtime for path in saved):
                 why = f"its start, {planned.source}, was trained again after it"
             elif planned.start == "deepened":
-                recorded = load_checkpoint(saved[0], device="cpu").metadata.get("deepened_from", "")
+                recorded = metadata.get("deepened_from", "")
                 if recorded and not recorded.startswith(f"{planned.source},"):
                     why = f"it was deepened from {recorded.split(',')[0]}, but the table now keeps {planned.source}"
             if why is None:
@@ -208,6 +218,7 @@ class StackTrainer:
         return {"spec": spec.key(), "status": result.status, "steps": result.steps,
                 "final_loss": result.final_loss, "wall_time": result.wall_time,
                 "skipped_steps": result.skipped_steps, "message": result.message,
+                "restarts": [list(entry) for entry in result.restarts],
                 "budget": self.budget.name, "device": str(self.device),
                 "dtype": self.budget.settings(depth)["dtype"], "command": self.command, "history": result.history}
 
@@ -283,7 +294,7 @@ class StackTrainer:
         try:
             train_sweep(specs, d=D, n=N, num_layers=depth, parameterization=variant,
                         batch_size=self.budget.batch_size, clip_norm=None if unclipped else self.budget.clip_norm,
-                        spike_factor=math.inf if unclipped else 100.0,
+                        spike_factor=math.inf if unclipped else 100.0, restarts=0 if unclipped else SPIKE_RESTARTS,
                         final_fraction=self.budget.final_fraction, dtype=self.budget.settings(depth)["dtype"],
                         device=self.device,
                         seed=1000 * depth + sorted(VARIANTS).index(variant) + (500 if unclipped else 0),
