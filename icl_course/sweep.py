@@ -16,9 +16,10 @@ not finite, or larger than ``spike_factor`` times the model's running median, is
 model (no update, Adam state untouched) and counted; ``patience`` skipped steps in a row and the
 model has diverged.  Deep models see single batches with one ill-conditioned task that spike the
 loss by orders of magnitude; skipping them keeps good runs alive.  With ``restarts`` a model whose
-patience runs out is not given up at once: it goes back to its state at the end of its last clean
-logging window (weights, Adam moments, running median) and goes on at ``backoff`` times its rate, up to
-``restarts`` times.  A skipped step leaves the weights where they are, so a model that has drifted to
+patience runs out is not given up at once: it goes back to its state at the end of its last healthy
+logging window (one whose last step, and at least half of its steps, were taken: in deep noiseless models a
+batch with one rare task breaks the rule often, so windows without any skipped step can be rare) with its
+weights, Adam moments and running median, and goes on at ``backoff`` times its rate, up to ``restarts`` times.  A skipped step leaves the weights where they are, so a model that has drifted to
 weights where every batch breaks the rule can never get past it; going back before the drift can.
 
 The forward pass is the one of :class:`~icl_course.models.LinearTransformer`, on each task's
@@ -381,13 +382,16 @@ class _SweepState:
     def log(self, patience: int, spike_factor: float, restarts: int = 0) -> tuple[torch.Tensor, dict]:
         """Close the logging window: each active model's mean loss over it (in its history), and
         ``{position: ("diverged", why)}`` of the models whose patience ran out and that have no restart
-        left (the others restart, :meth:`restart`).  A model whose window had no skipped step is snapshotted."""
-        means = (self.window_sum / self.window_count.clamp(min=1)).cpu()
+        left (the others restart, :meth:`restart`).  A model whose last step was taken, and at least half of its
+        window's steps, is snapshotted."""
+        # a window whose every step was skipped has no mean (not 0, which would read as a perfect model)
+        means = torch.where(self.window_count > 0, self.window_sum / self.window_count.clamp(min=1),
+                            torch.full_like(self.window_sum, float("nan"))).cpu()
         runs = self.bad_run.cpu()
         for position, i in enumerate(self.active):
             self.histories[self.specs[i].name].append((int(self.steps[i]), float(means[position])))
-        if restarts:
-            self.take_snapshot(self.window_bad == 0)
+        if restarts:   # a state worth going back to: its last step was taken, and most of the window's
+            self.take_snapshot((self.bad_run == 0) & (self.window_bad.double() <= self.window_count))
         self.window_sum.zero_()
         self.window_count.zero_()
         self.window_bad.zero_()
@@ -573,7 +577,7 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
         clip_norm: each model's gradient is clipped to this global norm (None: no clipping).
         final_fraction: the cosine schedule ends at this fraction of the base rate.
         spike_factor, patience, median_window: the spike-tolerant divergence rule (module docstring).
-        restarts, backoff: how many times a model whose patience runs out goes back to its last clean
+        restarts, backoff: how many times a model whose patience runs out goes back to its last healthy
             window's state, at ``backoff`` times its rate, before it counts as diverged (0: never; the
             result's ``restarts`` lists them).
         dtype, device: where and in which precision the stack trains.

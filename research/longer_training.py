@@ -9,6 +9,10 @@ models move towards the paper or wander (research/README.md has the table):
 
     python research/longer_training.py --run cpu --columns 5 7 "{1,3,5}" --segments 5 \
         --segment-steps 5000 --eval-tasks 200000
+
+``--variants`` and ``--depth`` take it to other cells, e.g. GD++ at 6 layers and ``sigma_max = 1``:
+
+    python research/longer_training.py --run cpu --depth 6 --variants gdpp --columns 1 --segments 4
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ from icl_course.evaluate import adjusted_losses
 from icl_course.sweep import ModelSpec, train_sweep
 from icl_course.table1 import COLUMNS, PAPER, D, N, column_noise, load_table1_model
 
-TRAINED = ("diag", "full")
+TRAINED = ("diag", "full")   # the variants trained on unless --variants names others
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="cpu", help="a shipped run ('cpu', 'clipped') or a table1 --out folder")
     parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", default=list(TRAINED), choices=("gdpp", "diag", "full"))
     parser.add_argument("--columns", nargs="+", default=["5", "7", "{1,3,5}"], choices=COLUMNS)
     parser.add_argument("--segments", type=int, default=5, help="the last one decays on a cosine")
     parser.add_argument("--segment-steps", type=int, default=5000)
@@ -45,14 +50,14 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
 
     models = {(variant, column): load_table1_model(variant, args.depth, column, args.run)
-              for variant in TRAINED for column in args.columns}
+              for variant in args.variants for column in args.columns}
     scores = []
 
     def score(after: str) -> None:
         for column in args.columns:
             index = COLUMNS.index(column)
             sampler = RegressionTasks(D, N, column_noise(column), dtype=torch.float64)
-            estimates = adjusted_losses({variant: models[(variant, column)] for variant in TRAINED}, sampler,
+            estimates = adjusted_losses({variant: models[(variant, column)] for variant in args.variants}, sampler,
                                         num_tasks=args.eval_tasks, chunk_size=10_000, seed=900 + index)
             scores.append({"after": after, "column": column,
                            **{variant: [estimate.mean, estimate.stderr] for variant, estimate in estimates.items()}})
@@ -65,7 +70,7 @@ def main(argv=None):
     score("the run's")
     for segment in range(args.segments):
         schedule = "cosine" if segment == args.segments - 1 else "constant"
-        for variant in TRAINED:
+        for variant in args.variants:
             specs = [ModelSpec(f"{variant}|{column}", column_noise(column), num_steps=args.segment_steps,
                                learning_rate=args.rate, schedule=schedule, init=models[(variant, column)])
                      for column in args.columns]

@@ -64,7 +64,7 @@ def test_a_diverging_model_leaves_without_stopping_the_others():
     assert results["m0"].status == "finished" and results["m0"].steps == 40
 
 
-def test_a_model_whose_patience_runs_out_restarts_from_its_last_clean_window_at_a_lower_rate():
+def test_a_model_whose_patience_runs_out_restarts_from_its_last_healthy_window_at_a_lower_rate():
     options = dict(d=4, n=8, num_layers=3, batch_size=64, device="cpu", progress=False, log_every=5, patience=5,
                    clip_norm=None)
     # 1e3 blows up at once; after one restart at 1e-5 of it, the rate is the one m0 trains at

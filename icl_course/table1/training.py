@@ -24,7 +24,7 @@ from .candidate import Candidate
 from .paper import VARIANTS, D, N
 from .select import cell_choice
 
-#: a model whose clipped phase breaks the spike rule ``patience`` steps in a row goes back to its last clean
+#: a model whose clipped phase breaks the spike rule ``patience`` steps in a row goes back to its last healthy
 #: logging window at half its rate, up to this many times, before it counts as diverged
 #: (:func:`~icl_course.sweep.train_sweep`): deepened noiseless models drift, now and then, to weights where
 #: every batch breaks the rule, and a stopped candidate is a lost one (research/README.md)
