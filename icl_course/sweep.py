@@ -15,12 +15,13 @@ the others go on.  Divergence is judged per model with a spike-tolerant rule: a 
 not finite, or larger than ``spike_factor`` times the model's running median, is *skipped* for that
 model (no update, Adam state untouched) and counted; ``patience`` skipped steps in a row and the
 model has diverged.  Deep models see single batches with one ill-conditioned task that spike the
-loss by orders of magnitude; skipping them keeps good runs alive.  With ``restarts`` a model whose
-patience runs out is not given up at once: it goes back to its state at the end of its last healthy
-logging window (one whose last step, and at least half of its steps, were taken: in deep noiseless models a
-batch with one rare task breaks the rule often, so windows without any skipped step can be rare) with its
-weights, Adam moments and running median, and goes on at ``backoff`` times its rate, up to ``restarts`` times.  A skipped step leaves the weights where they are, so a model that has drifted to
-weights where every batch breaks the rule can never get past it; going back before the drift can.
+loss by orders of magnitude; skipping them keeps good runs alive.  A skipped step leaves the weights
+where they are, so a model that has drifted to weights where every batch breaks the rule can never get
+past it.  With ``restarts`` such a model is not given up at once: it goes back to its state at the end
+of its last healthy logging window (one whose last step, and at least half of its steps, were taken: in
+deep noiseless models a batch with one rare task breaks the rule often, so windows without any skipped
+step can be rare), with its weights, Adam moments and running median, and goes on at ``backoff`` times
+its rate, up to ``restarts`` times.
 
 The forward pass is the one of :class:`~icl_course.models.LinearTransformer`, on each task's
 ``(d+1) x (d+1)`` Gram matrix: ``A_l = sum_k P_k G Q_k``, ``G <- (I + A_l) G (I + A_l)^T``, and the
@@ -285,22 +286,22 @@ class _SweepState:
         self.rate_factor = torch.ones(M, dtype=torch.float64, device=device)
         self.restarts = {spec.name: [] for spec in specs}
         self.histories = {spec.name: [] for spec in specs}
-        self.take_snapshot(torch.ones(M, dtype=torch.bool, device=device))
+        self.snapshot = self.current_state()
         self.results: dict[str, SweepResult] = {}
         self.elapsed_before = 0.0
         self.started = time.perf_counter()
         self.refresh_schedule()
 
+    def current_state(self) -> dict:
+        """A copy of what a restart restores, for every active model: weights, Adam state, running median,
+        and the step it was taken at."""
+        return {"params": {name: value.detach().clone() for name, value in self.stack.params.items()},
+                "adam": AdamState({k: v.clone() for k, v in self.adam.moments.items()},
+                                  {k: v.clone() for k, v in self.adam.squares.items()}, self.adam.steps.clone()),
+                "recent": self.recent.clone(), "step": self.steps[torch.tensor(self.active, dtype=torch.long)].clone()}
+
     def take_snapshot(self, rows: torch.Tensor) -> None:
         """Remember the state of the active models at ``rows`` ((M,) bool), for a restart to go back to."""
-        if not hasattr(self, "snapshot"):
-            self.snapshot = {"params": {name: value.detach().clone() for name, value in self.stack.params.items()},
-                             "adam": AdamState({k: v.clone() for k, v in self.adam.moments.items()},
-                                               {k: v.clone() for k, v in self.adam.squares.items()},
-                                               self.adam.steps.clone()),
-                             "recent": self.recent.clone(),
-                             "step": self.steps[torch.tensor(self.active, dtype=torch.long)].clone()}
-            return
         self._copy_rows(rows, to_snapshot=True)
 
     def _copy_rows(self, rows: torch.Tensor, to_snapshot: bool) -> None:
@@ -494,8 +495,7 @@ class _SweepState:
                          for spec in self.specs}
         shot = saved.get("snapshot")
         if shot is None:
-            del self.snapshot
-            self.take_snapshot(torch.ones(len(self.active), dtype=torch.bool, device=device))
+            self.snapshot = self.current_state()
         else:
             self.snapshot = {"params": {name: value.to(device=device, dtype=dtype)
                                         for name, value in shot["params"].items()},
