@@ -951,6 +951,26 @@ def test_the_spike_restarts_script_trains_copies_of_a_deepened_model_with_and_wi
         spike_restarts.main(["--run", "cpu", "--start", "diag-L6-u0-s0-d0"])
 
 
+def test_the_unclipped_decay_script_trains_the_kept_models_first_phase_again_both_ways(tmp_path, capsys):
+    unclipped_decay = research_script("unclipped_decay")
+    out = tmp_path / "run"
+    options = dict(TINY, depths=(1, 2), columns=["1"], variants=["gdpp", "diag", "full"], unclipped_steps=10,
+                   nested_init={1: False, 2: ("full",)})
+    run_table1(out, "quick", device="cpu", **options)
+    capsys.readouterr()
+    unclipped_decay.main(["--run", str(out), "--variants", "gdpp", "diag", "--depths", "2", "--columns", "1",
+                          "--steps", "10", "--eval-tasks", "2000", "--chunk-size", "1000"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    tables = [line for line in lines if line.startswith("| 1 (")]
+    assert len(tables) == 2 and all(len(line.split("|")) == 7 for line in tables)   # GD++ and Diag, one column
+    evaluation = json.loads((out / "evaluation" / "u1.json").read_text())
+    assert tables[0].startswith(f"| 1 ({evaluation['selected']['gdpp-L2']}) |")
+    # the run's model is scored as the run kept it; the other two trained again from its first phase
+    run_score, constant, cosine = (cell.split(" ± ")[0] for cell in tables[0].split("|")[2:5])
+    assert constant != cosine and float(run_score) > 0
+    assert any("2 models, 10 unclipped steps" in line for line in lines)
+
+
 def test_the_deepened_start_script_reads_a_shipped_runs_selected_models(capsys):
     import types
 
