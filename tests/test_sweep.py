@@ -91,7 +91,14 @@ def test_an_interrupted_sweep_with_a_restart_resumes_exactly(tmp_path):
     specs = dict(num_steps=(40, 40), rates=(1e-2, 1e3))
     reference = train_sweep(_specs(**specs), progress=False, **options)
     assert reference["m1"].restarts and reference["m1"].restarts[0][0] < 20   # restarted before the stop
+    _stop_at_step_25(_specs(**specs), tmp_path / "sweep.pt", options)
+    resumed = train_sweep(_specs(**specs), checkpoint=tmp_path / "sweep.pt", progress=False, **options)
+    assert resumed["m1"].restarts == reference["m1"].restarts
+    _assert_same_models(resumed, reference)
 
+
+def _stop_at_step_25(specs, path, options):
+    """Train with a checkpoint at ``path`` and stop at step 25, as an interrupted run would."""
     class Stop(Exception):
         pass
 
@@ -100,37 +107,26 @@ def test_an_interrupted_sweep_with_a_restart_resumes_exactly(tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        train_sweep(_specs(**specs), checkpoint=tmp_path / "sweep.pt", progress=stop_at_25, **options)
-    resumed = train_sweep(_specs(**specs), checkpoint=tmp_path / "sweep.pt", progress=False, **options)
-    assert resumed["m1"].restarts == reference["m1"].restarts
+        train_sweep(specs, checkpoint=path, progress=stop_at_25, **options)
+
+
+def _assert_same_models(results, reference):
     for name in reference:
-        for mine, theirs in zip(resumed[name].model.parameters(), reference[name].model.parameters()):
+        for mine, theirs in zip(results[name].model.parameters(), reference[name].model.parameters()):
             torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
 
 
 def test_an_interrupted_sweep_resumes_exactly(tmp_path):
     options = dict(d=4, n=8, num_layers=2, batch_size=64, device="cpu", log_every=5, checkpoint_every=10)
     reference = train_sweep(_specs(), progress=False, **options)
-
-    class Stop(Exception):
-        pass
-
-    def stop_at_25(step, losses):
-        if step == 25:
-            raise Stop
-
-    with pytest.raises(Stop):
-        train_sweep(_specs(), checkpoint=tmp_path / "sweep.pt", progress=stop_at_25, **options)
+    _stop_at_step_25(_specs(), tmp_path / "sweep.pt", options)
     # a checkpoint written before restarts existed (none of their state) resumes the same way
     saved = torch.load(tmp_path / "sweep.pt", weights_only=True)
     for key in ("window_bad", "rate_factor", "restarts", "snapshot"):
         del saved[key]
     torch.save(saved, tmp_path / "older.pt")
     for path in ("sweep.pt", "older.pt"):
-        resumed = train_sweep(_specs(), checkpoint=tmp_path / path, progress=False, **options)
-        for name in reference:
-            for mine, theirs in zip(resumed[name].model.parameters(), reference[name].model.parameters()):
-                torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+        _assert_same_models(train_sweep(_specs(), checkpoint=tmp_path / path, progress=False, **options), reference)
     with pytest.raises(CheckpointError, match="belongs to another sweep"):
         train_sweep(_specs(rates=(1e-2, 3e-3)), checkpoint=tmp_path / "sweep.pt", progress=False, **options)
 
