@@ -515,6 +515,7 @@ class _SweepState:
                                              entry["wall_time"], self.histories.get(name, []), entry["skipped"],
                                              entry["message"], [tuple(item) for item in entry.get("restarts", [])])
         self.refresh_schedule()
+        self.started = time.perf_counter()   # the clock of this call; elapsed_before holds the earlier ones
 
 
 def _read_sweep_checkpoint(path: Path, configuration: dict) -> dict:
@@ -548,7 +549,7 @@ def _initial_models(specs: Sequence[ModelSpec], d: int, num_layers: int, num_hea
 
 
 def _check_sweep(specs: Sequence[ModelSpec], batch_size: int, checkpoint_every: int, log_every: int,
-                 patience: int) -> None:
+                 patience: int, restarts: int, backoff: float) -> None:
     if not specs:
         raise ValueError("train_sweep needs at least one ModelSpec")
     names = [spec.name for spec in specs]
@@ -557,6 +558,18 @@ def _check_sweep(specs: Sequence[ModelSpec], batch_size: int, checkpoint_every: 
     for value, name in ((batch_size, "batch_size"), (checkpoint_every, "checkpoint_every"),
                         (log_every, "log_every"), (patience, "patience")):
         check_count(value, name)
+    check_count(restarts, "restarts", minimum=0)
+    if not (isinstance(backoff, (int, float)) and 0 < backoff < 1):
+        raise ValueError(f"backoff must be a factor between 0 and 1 (the rate after a restart), got {backoff!r}")
+
+
+def _show(means: torch.Tensor, state: _SweepState, current: int, bar, progress) -> None:
+    """Hand a logging window's means to the progress bar or the ``progress`` callable."""
+    if bar is not None and len(state.active):
+        shown = ", ".join(f"{float(m):.3g}" for m in means[: min(4, len(state.active))])
+        bar.set_postfix_str(f"loss {shown}{' ...' if len(state.active) > 4 else ''}")
+    if callable(progress) and progress is not True:
+        progress(current, {state.specs[i].name: float(means[p]) for p, i in enumerate(state.active)})
 
 
 def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers: int = 1,
@@ -589,26 +602,21 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
         on_leave: called with each :class:`SweepResult` the moment its model leaves the stack.
     """
     specs = list(specs)
-    _check_sweep(specs, batch_size, checkpoint_every, log_every, patience)
-    check_count(restarts, "restarts", minimum=0)
-    if not (isinstance(backoff, (int, float)) and 0 < backoff < 1):
-        raise ValueError(f"backoff must be a factor between 0 and 1 (the rate after a restart), got {backoff!r}")
+    _check_sweep(specs, batch_size, checkpoint_every, log_every, patience, restarts, backoff)
     dtype, device = resolve_dtype(dtype), resolve_device(device)
     stack = ModelStack(_initial_models(specs, d, num_layers, num_heads, parameterization, init_scale),
                        dtype=dtype, device=device)
-    # what a checkpoint must match to be resumed
+    # what a checkpoint must match to be resumed (without restarts, that of the checkpoints written before them)
     configuration = dict(d=d, n=n, num_layers=num_layers, parameterization=parameterization, num_heads=num_heads,
                          batch_size=batch_size, init_scale=init_scale, clip_norm=clip_norm,
                          final_fraction=final_fraction, spike_factor=spike_factor, patience=patience,
-                         dtype=str(dtype), seed=seed, models=[spec.key() for spec in specs])
-    if restarts:   # a sweep without restarts keeps the configuration of the checkpoints written before them
-        configuration.update(restarts=restarts, backoff=backoff)
+                         dtype=str(dtype), seed=seed, models=[spec.key() for spec in specs],
+                         **({"restarts": restarts, "backoff": backoff} if restarts else {}))
     state = _SweepState(specs, stack, _TaskStream([spec.noise for spec in specs], d, n, dtype, device, seed),
                         median_window, backoff)
     path = None if checkpoint is None else Path(checkpoint)
     if path is not None and path.exists():
         state.load(_read_sweep_checkpoint(path, configuration), (d, num_layers, num_heads, parameterization))
-        state.started = time.perf_counter()
 
     def describe() -> str:
         return f"{parameterization} L={num_layers} ({len(state.active)} models)"
@@ -628,11 +636,7 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
             leaving = {}
             if current % log_every == 0 or finished:
                 means, leaving = state.log(patience, spike_factor, restarts)
-                if bar is not None and len(state.active):
-                    shown = ", ".join(f"{float(m):.3g}" for m in means[: min(4, len(state.active))])
-                    bar.set_postfix_str(f"loss {shown}{' ...' if len(state.active) > 4 else ''}")
-                if callable(progress) and progress is not True:
-                    progress(current, {specs[i].name: float(means[p]) for p, i in enumerate(state.active)})
+                _show(means, state, current, bar, progress)
             for position in finished:
                 leaving.setdefault(position, ("finished", ""))
             if leaving:
