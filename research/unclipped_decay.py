@@ -40,6 +40,9 @@ def first_phases(run: Path, variant: str, depth: int, columns) -> dict:
     found = {}
     for column in columns:
         evaluation = run / "evaluation" / f"{COLUMN_IDS[COLUMNS.index(column)]}.json"
+        if not evaluation.exists():
+            raise SystemExit(f"{evaluation} not found: --run takes the folder of an icl-course table1 run that "
+                             f"scored column {column} (a shipped run keeps no first phases)")
         name = json.loads(evaluation.read_text())["selected"].get(f"{variant}-L{depth}", "")
         first = run / "models" / f"{name}.clipped.pt"
         if not name or not first.exists():

@@ -969,6 +969,8 @@ def test_the_unclipped_decay_script_trains_the_kept_models_first_phase_again_bot
     run_score, constant, cosine = (cell.split(" ± ")[0] for cell in tables[0].split("|")[2:5])
     assert constant != cosine and float(run_score) > 0
     assert any("2 models, 10 unclipped steps" in line for line in lines)
+    with pytest.raises(SystemExit, match="not found: --run takes the folder"):
+        unclipped_decay.main(["--run", str(tmp_path / "elsewhere"), "--depths", "2", "--columns", "1"])
 
 
 def test_the_deepened_start_script_reads_a_shipped_runs_selected_models(capsys):
