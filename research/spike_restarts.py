@@ -43,7 +43,10 @@ def starting_model(args) -> tuple[torch.nn.Module, str]:
         if args.start:
             raise SystemExit("--start names a candidate of a run folder; with a shipped run give --variant and "
                              "--depth, and its selected model of that cell is used")
-        model = load_table1_model(args.variant, args.depth, args.column, args.run)
+        try:
+            model = load_table1_model(args.variant, args.depth, args.column, args.run)
+        except KeyError as error:   # a cell the run does not have: its message names what there is
+            raise SystemExit(error.args[0]) from None
         return model, f"the {args.run} run's selected {args.variant} model of {args.depth} layers, column {args.column}"
     path = Path(args.run) / "models" / f"{args.start}.pt"
     if not args.start or not path.exists():

@@ -949,6 +949,8 @@ def test_the_spike_restarts_script_trains_copies_of_a_deepened_model_with_and_wi
     assert copies[:2] == copies[2:]
     with pytest.raises(SystemExit, match="--start"):
         spike_restarts.main(["--run", "cpu", "--start", "diag-L6-u0-s0-d0"])
+    with pytest.raises(SystemExit, match="no diag model of 9 layers"):
+        spike_restarts.main(["--run", "cpu", "--depth", "9"])
 
 
 def test_the_unclipped_decay_script_trains_the_kept_models_first_phase_again_both_ways(tmp_path, capsys):
@@ -965,9 +967,16 @@ def test_the_unclipped_decay_script_trains_the_kept_models_first_phase_again_bot
     assert len(tables) == 2 and all(len(line.split("|")) == 7 for line in tables)   # GD++ and Diag, one column
     evaluation = json.loads((out / "evaluation" / "u1.json").read_text())
     assert tables[0].startswith(f"| 1 ({evaluation['selected']['gdpp-L2']}) |")
-    # the run's model is scored as the run kept it; the other two trained again from its first phase
-    run_score, constant, cosine = (cell.split(" ± ")[0] for cell in tables[0].split("|")[2:5])
-    assert constant != cosine and float(run_score) > 0
+    # the run's model is scored as the run kept it, on the script's tasks; the other two trained again from its
+    # first phase, on the same batches, to different ends
+    from icl_course.checkpoints import load_checkpoint
+    from icl_course.evaluate import adjusted_losses
+
+    run_score, constant, cosine = (cell.split(" ± ")[0].strip() for cell in tables[0].split("|")[2:5])
+    kept = load_checkpoint(out / "models" / f"{evaluation['selected']['gdpp-L2']}.pt", device="cpu").model.double()
+    expected = adjusted_losses({"run": kept}, RegressionTasks(10, 20, table1.column_noise("1"), dtype=torch.float64),
+                               num_tasks=2000, chunk_size=1000, seed=4242 + COLUMNS.index("1"))["run"]
+    assert run_score == f"{expected.mean:.4g}" and constant != cosine
     assert any("2 models, 10 unclipped steps" in line for line in lines)
     with pytest.raises(SystemExit, match="not found: --run takes the folder"):
         unclipped_decay.main(["--run", str(tmp_path / "elsewhere"), "--depths", "2", "--columns", "1"])
