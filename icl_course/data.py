@@ -32,6 +32,9 @@ __all__ = [
     "as_noise",
     "RegressionTasks",
     "StretchedTasks",
+    "stretch",
+    "STRETCH_SCALES",
+    "STRETCH_FRACTION",
     "context_gram",
     "check_context",
 ]
@@ -374,20 +377,47 @@ class RegressionTasks:
         return f"RegressionTasks(d={self.d}, n={self.n}, noise={self.noise.label}{extra})"
 
 
+#: :class:`StretchedTasks`' default mixture: the factors a stretched direction gets, and the share of tasks stretched
+STRETCH_SCALES, STRETCH_FRACTION = (0.25, 0.5, 1.5, 2.0, 2.5), 0.5
+
+
+def stretch(Z: torch.Tensor, scales: Sequence[float], fraction: float,
+            generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draws of :class:`StretchedTasks`: standard context inputs ``Z`` (B, n, d), float64, of which a share
+    ``fraction`` of the tasks get one coordinate (uniform) scaled by a factor (uniform from ``scales``); returns
+    the stretched inputs (B, n, d) and each task's ``importance_weight = p(Z) / q(Z)`` (B,), at most
+    ``1 / (1 - fraction)``.  The two draws from ``generator`` come after whatever it drew before."""
+    B, n, d = Z.shape
+    stretched = torch.rand(B, generator=generator) < fraction
+    component = torch.randint(0, len(scales) * d, (B,), generator=generator)
+    factors = torch.tensor(scales, dtype=torch.float64)
+    factor = torch.ones(B, d, dtype=torch.float64)
+    factor[torch.arange(B), component % d] = torch.where(stretched, factors[component // d], 1.0)
+    Z = Z * factor.unsqueeze(1)
+    columns = (Z**2).sum(1)                                                           # ||Z e_k||^2, (B, d)
+    log_ratios = (-n * torch.log(factors)[:, None, None]
+                  + 0.5 * (1 - factors**-2)[:, None, None] * columns.unsqueeze(0))    # (S, B, d)
+    log_mixture = torch.logsumexp(log_ratios.transpose(0, 1).reshape(B, -1), dim=1) - math.log(factors.numel() * d)
+    log_q = torch.logaddexp(torch.full_like(log_mixture, math.log1p(-fraction)), log_mixture + math.log(fraction))
+    return Z, torch.exp(-log_q)
+
+
 class StretchedTasks(RegressionTasks):
-    """Tasks of :class:`RegressionTasks` (identity covariances) with the rare ill-conditioned ones drawn on purpose.
+    """Tasks of :class:`RegressionTasks` with the rare ill-conditioned ones drawn on purpose.
 
     A defensive mixture for importance sampling: with probability ``1 - fraction`` a task is drawn as by
-    :class:`RegressionTasks`; otherwise one coordinate ``k`` of every context input, chosen uniformly, is
-    multiplied by a factor ``s`` chosen uniformly from ``scales`` (``x_i ~ N(0, I + (s^2 - 1) e_k e_k^T)``), which
-    makes an eigenvalue of ``Sigma`` unusually large (``s > 1``) or small (``s < 1``). Each task carries
-    ``importance_weight = p(X) / q(X)``, with
+    :class:`RegressionTasks`; otherwise one coordinate ``k`` of every context input's standard draw ``z_i``
+    (``x_i = L z_i``, ``L L^T`` the ``covariance``, identity by default), chosen uniformly, is multiplied by a
+    factor ``s`` chosen uniformly from ``scales`` (``z_i ~ N(0, I + (s^2 - 1) e_k e_k^T)``), which makes an
+    eigenvalue of ``Sigma`` unusually large (``s > 1``) or small (``s < 1``). Each task carries
+    ``importance_weight = p(X) / q(X)``, with (``X e_k`` the standard draws' column ``k``)
 
         q(X) / p(X) = (1 - fraction) + fraction * mean over (s, k) of s^(-n) exp((1 - 1/s^2) ||X e_k||^2 / 2),
 
     at most ``1 / (1 - fraction)``, so the weighted mean of any per-task value estimates its mean under the plain
     law without bias, and tasks a plain sample meets once in millions are met in every chunk. The query, ``w``
-    and the noise are drawn as by :class:`RegressionTasks`.
+    and the noise are drawn as by :class:`RegressionTasks` (``covariance``, ``weight_covariance`` and
+    ``weight_mean`` as there).
 
     ``largest_eigenvalue_cap`` truncates the law: a task whose largest eigenvalue of ``Sigma`` is above it gets
     weight 0, so the weighted mean estimates ``E[value; lambda_max(Sigma) <= cap]``. A model of L layers computes a
@@ -399,10 +429,11 @@ class StretchedTasks(RegressionTasks):
     >>> batch = tasks.sample(1000, seed=0)       # batch.importance_weight: (1000,)
     """
 
-    def __init__(self, d: int, n: int, noise: NoiseLike = 0.0, scales: Sequence[float] = (0.25, 0.5, 1.5, 2.0, 2.5),
-                 fraction: float = 0.5, largest_eigenvalue_cap: float = math.inf,
-                 dtype: str | torch.dtype = torch.float32, device: str | torch.device = "auto"):
-        super().__init__(d, n, noise, dtype=dtype, device=device)
+    def __init__(self, d: int, n: int, noise: NoiseLike = 0.0, scales: Sequence[float] = STRETCH_SCALES,
+                 fraction: float = STRETCH_FRACTION, largest_eigenvalue_cap: float = math.inf,
+                 dtype: str | torch.dtype = torch.float32, device: str | torch.device = "auto",
+                 covariance=None, weight_covariance=None, weight_mean=None):
+        super().__init__(d, n, noise, covariance, weight_covariance, weight_mean, dtype=dtype, device=device)
         cap = largest_eigenvalue_cap
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ValueError(f"largest_eigenvalue_cap must be a positive number (or math.inf: no cap); got {cap!r}")
@@ -418,29 +449,27 @@ class StretchedTasks(RegressionTasks):
     def sample(self, num_tasks: int, seed: int | torch.Generator | None = None) -> TaskBatch:
         """Draw ``num_tasks`` tasks as :meth:`RegressionTasks.sample`, each with its ``importance_weight``."""
         generator, sigma, w, inputs, noise = self._draw(num_tasks, seed)
-        B, n, d = num_tasks, self.n, self.d
-        stretched = torch.rand(B, generator=generator) < self.fraction
-        component = torch.randint(0, len(self.scales) * d, (B,), generator=generator)
-        scales = torch.tensor(self.scales, dtype=torch.float64)
-        factor = torch.ones(B, d, dtype=torch.float64)
-        factor[torch.arange(B), component % d] = torch.where(stretched, scales[component // d], 1.0)
-        X, x_t = inputs[:, :n] * factor.unsqueeze(1), inputs[:, n]
-        columns = (X**2).sum(1)                                                        # ||X e_k||^2, (B, d)
-        log_ratios = (-n * torch.log(scales)[:, None, None]
-                      + 0.5 * (1 - scales**-2)[:, None, None] * columns.unsqueeze(0))  # (S, B, d)
-        log_mixture = torch.logsumexp(log_ratios.transpose(0, 1).reshape(B, -1), dim=1) - math.log(scales.numel() * d)
-        log_q = torch.logaddexp(torch.full_like(log_mixture, math.log1p(-self.fraction)),
-                                log_mixture + math.log(self.fraction))
+        X, weight = stretch(inputs[:, :self.n], self.scales, self.fraction, generator)
+        x_t = inputs[:, self.n]
+        if self._x_factor is not None:
+            X, x_t = X @ self._x_factor.T, x_t @ self._x_factor.T
+        if self._w_factor is not None:
+            w = w @ self._w_factor.T
+        if self.weight_mean is not None:
+            w = w + self.weight_mean
         y = (X @ w.unsqueeze(-1)).squeeze(-1) + sigma.unsqueeze(-1) * noise
         y_t = (x_t * w).sum(-1)
-        weight = torch.exp(-log_q)
         if math.isfinite(self.largest_eigenvalue_cap):
             weight = torch.where(torch.linalg.eigvalsh(X.transpose(-1, -2) @ X)[:, -1] <= self.largest_eigenvalue_cap,
                                  weight, 0.0)
-        batch = TaskBatch(X=X, y=y, x_t=x_t, y_t=y_t, w=w, sigma=sigma, importance_weight=weight)
+        batch = TaskBatch(X=X, y=y, x_t=x_t, y_t=y_t, w=w, sigma=sigma, covariance=self.covariance,
+                          importance_weight=weight)
         return batch.to(device=self.device, dtype=self.dtype)
 
     def __repr__(self) -> str:
+        extra = ("" if self.covariance is None else ", covariance=S") + \
+            ("" if self.weight_covariance is None else ", weight_covariance=C") + \
+            ("" if self.weight_mean is None else ", weight_mean=m")
         return (f"StretchedTasks(d={self.d}, n={self.n}, noise={self.noise!r}, scales={self.scales}, "
-                f"fraction={self.fraction}, largest_eigenvalue_cap={self.largest_eigenvalue_cap})")
+                f"fraction={self.fraction}, largest_eigenvalue_cap={self.largest_eigenvalue_cap}{extra})")
 

@@ -52,7 +52,16 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from .data import RegressionTasks, TaskBatch, check_context, context_of
+from .data import (
+    STRETCH_FRACTION,
+    STRETCH_SCALES,
+    RegressionTasks,
+    StretchedTasks,
+    TaskBatch,
+    check_context,
+    context_of,
+    stretch,
+)
 from .evaluate import per_layer_loss
 from .models import ModelOutput
 from .optimizers import conjugate_gradient, gradient_descent, momentum_descent, tune_momentum, tune_step_sizes
@@ -382,12 +391,19 @@ FULL_ATTENTION = {"heads": ("CGD-like + A_l", (1, 5)), "quasi_newton": ("LFOM (t
 # their Adam steps: at the recipe's 2 000 their fresh-task losses from 2 layers on still fell 3-14% over the last
 # quarter of training (their losses reach 1e-4, where GD-form models stop near 1e-2); the shipped ones were trained on
 # a GPU at 1 500 to 12 000 steps (research/full_attention_gpu.py), which shows 1-2 layers converged by 3 000 and
-# 3-4 layers still falling at 12 000 (results["full_attention_lengths"] holds the shorter trainings)
+# 3-4 layers still falling at 12 000; the heads' 3- and 4-layer models were then trained 24 000 and 48 000 steps on
+# a CPU (`--parts heads --depths ...`): results["full_attention_lengths"] holds every other training
 FULL_ATTENTION_STEPS = 12_000
 FULL_ATTENTION_DEPTHS = (1, 2, 3, 4)   # the paper's depths: these models cost hundreds of times a GD-form one
+# "stretched_depths": models of these depths train, and they and the baselines with as many steps are tuned and
+# scored, on tasks with a stretched direction drawn on purpose and weighted back (StretchedTasks): at 5 and 6 layers
+# a few tasks in a million with a large eigenvalue carry the mean, so plain samples of a million cannot pin it
+# (standard errors of 30-45%) and batches of 500 never show training the tasks that decide it; they train for
+# "stretched_num_steps" (at 2 000 the 6-layer models on rotated data stayed 14-50% above their isotropic loss)
 RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4, 5, 6), "seeds": (0, 1, 2), "num_steps": 2000, "batch_size": 500,
           "learning_rate": 0.05, "warmup_steps": 100, "clip_norm": 1.0, "curve_every": 100, "curve_tasks": 20_000,
-          "eval_tasks": 1_000_000, "shallow_eval_tasks": 200_000, "tune_tasks": 10_000, "baseline_tasks": 200_000}
+          "eval_tasks": 1_000_000, "shallow_eval_tasks": 200_000, "tune_tasks": 10_000, "baseline_tasks": 200_000,
+          "stretched_depths": (5, 6), "stretched_num_steps": 4000}
 PRETRAINED = pathlib.Path(__file__).resolve().parent / "pretrained" / "ch5_memformers.pt"
 COMMAND = ("OMP_NUM_THREADS=1 nice -n 10 python -m icl_course.memformer   "
            "# writes icl_course/pretrained/ch5_memformers.pt")
@@ -425,6 +441,27 @@ def paper_tasks(setting: str, seed: int = 0, law: str = "paper", dtype="float64"
     weights = torch.linalg.inv(S) if S is not None and law == "paper" else None
     return RegressionTasks(RECIPE["d"], RECIPE["n"], covariance=S, weight_covariance=weights, dtype=dtype,
                            device=device)
+
+
+def stretched_tasks(sampler: RegressionTasks) -> StretchedTasks:
+    """The law of ``sampler`` (a :func:`paper_tasks`) drawn as :class:`~icl_course.data.StretchedTasks`: half of the
+    tasks with one direction of the standard draws stretched or shrunk, every task weighted back, so weighted means
+    estimate the same expected losses with the rare large-eigenvalue tasks met in every chunk."""
+    return StretchedTasks(sampler.d, sampler.n, 0.0, covariance=sampler.covariance,
+                          weight_covariance=sampler.weight_covariance, dtype="float64", device="cpu")
+
+
+def stretched(depth: int, recipe: Optional[dict] = None) -> bool:
+    """Whether models of ``depth`` layers (and baselines of as many steps) train and are scored on
+    :func:`stretched_tasks` (the recipe's ``stretched_depths``; none in a recipe made before it had them)."""
+    return depth in (recipe or RECIPE).get("stretched_depths", ())
+
+
+def training_steps(depth: int, recipe: Optional[dict] = None) -> int:
+    """Adam steps of a model of ``depth`` layers: the recipe's ``stretched_num_steps`` for its stretched depths,
+    ``num_steps`` otherwise."""
+    r = recipe or RECIPE
+    return r.get("stretched_num_steps", r["num_steps"]) if stretched(depth, r) else r["num_steps"]
 
 
 def one_layer_optimum(setting: str, family: str, seed: int = 0) -> float:
@@ -466,13 +503,20 @@ def _factors(samplers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return S, torch.linalg.cholesky(S), torch.linalg.cholesky(W)
 
 
-def _stacked_batches(factors, size: int, generator):
-    """One fresh noiseless batch per model, stacked: X (M, B, n, d), y (M, B, n), w (M, B, d)."""
+def _stacked_batches(factors, size: int, generator, stretched: bool = False):
+    """One fresh noiseless batch per model, stacked: X (M, B, n, d), y (M, B, n), w (M, B, d); with ``stretched``,
+    drawn as :class:`~icl_course.data.StretchedTasks` and with each task's importance weight (M, B) last."""
     _, x_factor, w_factor = factors
     M, d, n = x_factor.shape[0], RECIPE["d"], RECIPE["n"]
-    X = torch.randn(M, size, n, d, generator=generator, dtype=torch.float64) @ x_factor.transpose(-1, -2)[:, None]
+    Z = torch.randn(M, size, n, d, generator=generator, dtype=torch.float64)
+    if not stretched:
+        X = Z @ x_factor.transpose(-1, -2)[:, None]
     w = torch.randn(M, size, d, generator=generator, dtype=torch.float64) @ w_factor.transpose(-1, -2)
-    return X, (X @ w.unsqueeze(-1)).squeeze(-1), w
+    if not stretched:
+        return X, (X @ w.unsqueeze(-1)).squeeze(-1), w
+    Z, weight = stretch(Z.reshape(M * size, n, d), STRETCH_SCALES, STRETCH_FRACTION, generator)
+    X = Z.reshape(M, size, n, d) @ x_factor.transpose(-1, -2)[:, None]
+    return X, (X @ w.unsqueeze(-1)).squeeze(-1), w, weight.reshape(M, size)
 
 
 def _stacked_loss(layer_weights, w, covariances):
@@ -483,7 +527,7 @@ def _stacked_loss(layer_weights, w, covariances):
 
 def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = None,
                  fixed_batch: Optional[int] = None, attention: Optional[str] = None, num_heads: int = 1,
-                 device: str | torch.device = "cpu") -> dict:
+                 device: str | torch.device = "cpu", stretched: bool = False) -> dict:
     """Train one model of ``family`` per depth in ``depths`` and per sampler, all at once (vectorised).
 
     The model for depth ``L`` and sampler ``m`` is built with seed ``seeds[m]``; all models of one sampler
@@ -495,8 +539,12 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     instead (Dutta et al.'s small-batch experiment), returned as ``{L: (weights, curve, (X, y, w))}``.
     ``attention`` and ``num_heads`` change the family's attention (``"full"``: every ``P`` and ``Q``) and heads.
     ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``) is where the models train; the tasks are drawn on the CPU with
-    the same generator on every device, and what is returned is on the CPU.
+    the same generator on every device, and what is returned is on the CPU.  ``stretched=True`` draws every batch
+    (and the curve's tasks) as :func:`stretched_tasks` and weights each task's loss back: the same expected loss,
+    with the rare large-eigenvalue tasks that carry a deep model's mean in every batch.
     """
+    if stretched and fixed_batch is not None:
+        raise ValueError("stretched batches weight a fresh stream of tasks; a fixed batch is fitted as it is")
     r = recipe or RECIPE
     device = available_device(device)
     depths, deepest, S = list(depths), max(depths), len(samplers)
@@ -521,10 +569,11 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
 
     run = vmap(vmap(forward), in_dims=(0, 0, None, None))       # depths outside, samplers inside
 
-    def losses(X, y, w):   # (K, S) mean loss of each model's last layer
+    def losses(X, y, w, importance=None):   # (K, S) mean loss of each model's last layer
         weights = run(params, buffers, X, y)                    # (K, S, B, deepest, d)
         final = weights[each, :, :, last]    # (K, S, B, d)
-        return _stacked_loss(final, w, covariances).mean(-1)
+        per_task = _stacked_loss(final, w, covariances)
+        return (per_task if importance is None else per_task * importance).mean(-1)
 
     def on_device(batch):
         return tuple(tensor.to(device) for tensor in batch)
@@ -532,7 +581,7 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     leaves = list(params.values())
     optimizer = torch.optim.Adam(leaves, lr=r["learning_rate"])
     generator = make_generator(10_000 + 97 * sum(seeds))
-    checks = on_device(_stacked_batches(factors, r["curve_tasks"], make_generator(20_000)))
+    checks = on_device(_stacked_batches(factors, r["curve_tasks"], make_generator(20_000), stretched))
     curve = []
     for step in range(r["num_steps"] + 1):
         if step % r["curve_every"] == 0:
@@ -542,7 +591,7 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
             break
         if fixed_batch is None or step == 0:
             batch = on_device(_stacked_batches(factors, r["batch_size"] if fixed_batch is None else fixed_batch,
-                                               generator))
+                                               generator, stretched))
         loss = losses(*batch)
         optimizer.zero_grad()
         loss.sum().backward()
@@ -657,19 +706,24 @@ def score(model, sampler, num_tasks: int, seed: int):
             torch.tensor([e.stderr for e in estimates], dtype=torch.float64))
 
 
-def tuned_baselines(sampler, num_steps: int, tune_tasks: int, score_tasks: int, seed: int = 0) -> dict:
+def tuned_baselines(sampler, num_steps: int, tune_tasks: int, score_tasks: int, seed: int = 0,
+                    stretched_steps=()) -> dict:
     """CG, GD with one tuned step size per step, and heavy-ball momentum and Nesterov with one tuned
     ``(eta, mu)``, each run for k = 1..``num_steps`` steps on every task's own context.
 
     Tuned for every k separately (L-BFGS on the exact loss of ``tune_tasks`` tasks), then scored on
-    ``score_tasks`` other fresh tasks.  Returns ``{method: {"mean": (K,), "stderr": (K,), "parameters":
-    [per k]}}`` with the methods of ``BASELINES``.
+    ``score_tasks`` other fresh tasks; for k in ``stretched_steps`` both samples are drawn as
+    :func:`stretched_tasks` and weighted back, as the models of as many layers are.  Returns ``{method: {"mean":
+    (K,), "stderr": (K,), "parameters": [per k]}}`` with the methods of ``BASELINES``.
     """
-    sample = sampler.sample(tune_tasks, seed=11 + seed)
+    plain = sampler.sample(tune_tasks, seed=11 + seed)
+    wide = stretched_tasks(sampler).sample(tune_tasks, seed=11 + seed) if stretched_steps else None
     steps = range(1, num_steps + 1)
-    tuned = {"CG": [None for _ in steps], "GD (tuned steps)": [tune_step_sizes(sample, k) for k in steps],
-             "momentum": [tune_momentum(sample, k) for k in steps],
-             "Nesterov": [tune_momentum(sample, k, nesterov=True) for k in steps]}
+    samples = [wide if k in stretched_steps else plain for k in steps]
+    tuned = {"CG": [None for _ in steps],
+             "GD (tuned steps)": [tune_step_sizes(sample, k) for k, sample in zip(steps, samples)],
+             "momentum": [tune_momentum(sample, k) for k, sample in zip(steps, samples)],
+             "Nesterov": [tune_momentum(sample, k, nesterov=True) for k, sample in zip(steps, samples)]}
 
     def paths(batch):   # (B, 4 K, d): each method's last iterate after k = 1..K steps
         X, y = batch.X, batch.y
@@ -682,6 +736,10 @@ def tuned_baselines(sampler, num_steps: int, tune_tasks: int, score_tasks: int, 
         return ModelOutput(torch.cat(last, 1), None)
 
     estimates = per_layer_loss(paths, sampler, num_tasks=score_tasks, seed=4321 + seed)
+    if stretched_steps:   # the same paths on stretched tasks, kept for the steps that use them
+        weighted = per_layer_loss(paths, stretched_tasks(sampler), num_tasks=score_tasks, seed=4321 + seed)
+        estimates = [weighted[i] if i % num_steps + 1 in stretched_steps else estimate
+                     for i, estimate in enumerate(estimates)]
     return {name: {"mean": torch.tensor([e.mean for e in estimates[i * num_steps:(i + 1) * num_steps]],
                                         dtype=torch.float64),
                    "stderr": torch.tensor([e.stderr for e in estimates[i * num_steps:(i + 1) * num_steps]],
@@ -701,12 +759,15 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
 
     For each family of ``MODELS`` and each depth, one model per seed and setting (``SETTINGS``; on the
     rotated data seed ``s`` also draws ``U``), all trained at once by :func:`train_models`, then
-    scored per layer on ``eval_tasks`` fresh tasks (seeded apart from training).  The file is
+    scored per layer on ``eval_tasks`` fresh tasks (seeded apart from training); the recipe's
+    ``stretched_depths`` train for ``stretched_num_steps`` and train and score on :func:`stretched_tasks`.  The file is
     rewritten after every (family, depth), and ``resume=True`` keeps what it holds except the parts
     named in ``redo`` (``"baselines"``, ``"small_batch"`` or families of ``MODELS``).  Layout (nested
     keys): ``results["models"][setting][family][depth]`` holds ``"weights"`` (a state dict, one model
     per seed along the first axis), ``"curve"`` (seeds, checkpoints), ``"mean"`` and ``"stderr"``
-    (seeds, depth) and ``"seconds"``; ``results["baselines"][setting][method]`` as :func:`tuned_baselines`;
+    (seeds, depth), ``"stretched"`` and ``"num_steps"``; a resumed file trains again the depths whose
+    ``stretched`` or ``num_steps`` differ from the recipe's; ``results["baselines"][setting][method]`` as
+    :func:`tuned_baselines`;
     ``results[part][key][depth]`` the same for the parts of ``FULL_ATTENTION`` (``FULL_ATTENTION_STEPS`` steps),
     and ``results["full_attention_lengths"][steps][part]`` those parts trained for fewer steps, if the file has them
     (kept as they are: research/full_attention_gpu.py makes them).
@@ -723,9 +784,12 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
                "baselines": {}}
     if resume and path.exists():
         done = load_experiments(path)
-        if {k: v for k, v in done["recipe"].items() if k != "depths"} != {k: v for k, v in r.items() if k != "depths"}:
+        free = ("depths", "stretched_depths", "stretched_num_steps")   # resuming trains the depths these change
+        if {k: v for k, v in done["recipe"].items() if k not in free} != {k: v for k, v in r.items() if k not in free}:
             raise ValueError(f"{path} was made with another recipe; pass resume=False (or another path) to start over")
         results["models"], results["baselines"] = done["models"], done["baselines"]
+        if tuple(done["recipe"].get("stretched_depths", ())) != tuple(r.get("stretched_depths", ())):
+            results["baselines"] = {}   # their stretched steps changed: tuned and scored again (seconds)
         for setting in SETTINGS:   # a family the file predates is trained now
             for family in MODELS:
                 results["models"].setdefault(setting, {}).setdefault(family, {})
@@ -744,8 +808,9 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
     for setting in SETTINGS:
         if setting not in results["baselines"]:
             start = time.perf_counter()
-            results["baselines"][setting] = tuned_baselines(paper_tasks(setting), max(r["depths"]), r["tune_tasks"],
-                                                            r["baseline_tasks"])
+            results["baselines"][setting] = tuned_baselines(
+                paper_tasks(setting), max(r["depths"]), r["tune_tasks"], r["baseline_tasks"],
+                stretched_steps=tuple(depth for depth in r["depths"] if stretched(depth, r)))
             results["seconds"] = {**results.get("seconds", {}), f"baselines {setting}": time.perf_counter() - start}
             torch.save(results, path)
             print(f"baselines {setting}: {time.perf_counter() - start:.0f} s", flush=True)
@@ -757,13 +822,20 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
         print(f"small batches: {time.perf_counter() - start:.0f} s", flush=True)
     samplers = _samplers(seeds)
     for family in MODELS:
-        if all(depth in results["models"][s][family] for s in SETTINGS for depth in r["depths"]):
+        # a depth is trained (again) when the file lacks it or trained it on other tasks than the recipe says
+        stale = tuple(depth for depth in r["depths"] if any(
+            depth not in results["models"][s][family]
+            or results["models"][s][family][depth].get("stretched", False) != stretched(depth, r)
+            or results["models"][s][family][depth].get("num_steps", r["num_steps"]) != training_steps(depth, r)
+            for s in SETTINGS))
+        if not stale:
             continue
         start = time.perf_counter()
-        trained = _trained_and_scored(family, samplers, seeds, r, device=device)
+        trained = _trained_and_scored(family, samplers, seeds, dict(r, depths=stale), device=device)
         for index, setting in enumerate(SETTINGS):
-            results["models"][setting][family] = trained[index]
-        results["seconds"] = {**results.get("seconds", {}), family: time.perf_counter() - start}
+            results["models"][setting][family].update(trained[index])
+        part = family if stale == tuple(r["depths"]) else f"{family}, {', '.join(map(str, stale))} layers"
+        results["seconds"] = {**results.get("seconds", {}), part: time.perf_counter() - start}
         torch.save(results, path)
         finals = [[results["models"][s][family][k]["mean"][:, -1].mean().item() for k in r["depths"]]
                   for s in SETTINGS]
@@ -802,14 +874,20 @@ def _trained_and_scored(family: str, samplers, seeds, r: dict, settings: int = l
 def _trained(family: str, samplers, seeds, r: dict, settings: int = len(SETTINGS), attention: Optional[str] = None,
              num_heads: int = 1, device="cpu") -> list[dict]:
     """The training half of :func:`_trained_and_scored`: per group ``{depth: {"weights", "curve"}}``."""
-    trained = train_models(family, r["depths"], samplers, seeds * settings, r, attention=attention,
-                           num_heads=num_heads, device=device)
+    trained = {}
+    for kind in (False, True):   # the plain depths, then those trained on stretched tasks (the same stream each)
+        depths = [depth for depth in r["depths"] if stretched(depth, r) == kind]
+        if depths:
+            trained.update(train_models(family, depths, samplers, seeds * settings,
+                                        dict(r, num_steps=training_steps(depths[0], r)), attention=attention,
+                                        num_heads=num_heads, device=device, stretched=kind))
     groups = [{} for _ in range(settings)]
     for depth, (weights, curve) in trained.items():
         for index in range(settings):
             chosen = slice(index * len(seeds), (index + 1) * len(seeds))
             groups[index][depth] = {"weights": {k: v[chosen].clone() for k, v in weights.items()},
-                                    "curve": curve[chosen].clone()}
+                                    "curve": curve[chosen].clone(), "stretched": stretched(depth, r),
+                                    "num_steps": training_steps(depth, r)}
     return groups
 
 
@@ -824,8 +902,9 @@ def _scored(groups: list[dict], family: str, samplers, seeds, r: dict, attention
             for position, seed in enumerate(seeds):
                 model = build(family, depth, num_heads, attention)
                 model.load_state_dict(unstack(run["weights"], position))
-                scores.append(score(model, samplers[index * len(seeds) + position], eval_count(depth, r),
-                                    seed=7_000 + 31 * seed + depth))
+                sampler = samplers[index * len(seeds) + position]
+                scores.append(score(model, stretched_tasks(sampler) if stretched(depth, r) else sampler,
+                                    eval_count(depth, r), seed=7_000 + 31 * seed + depth))
             run["mean"], run["stderr"] = torch.stack([s[0] for s in scores]), torch.stack([s[1] for s in scores])
     return groups
 
@@ -892,26 +971,53 @@ def run_losses(runs: dict) -> tuple[torch.Tensor, torch.Tensor]:
 def training_lengths(results: dict, part: str, key) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """A part of ``FULL_ATTENTION`` trained for several numbers of Adam steps (the shipped ``full_attention_steps``
     and those of ``results["full_attention_lengths"]``): ``(steps, means, stderrs)``, the steps ascending and each
-    tensor (lengths, seeds, depths), the loss after the last layer on fresh tasks."""
+    tensor (lengths, seeds, depths), the loss after the last layer on fresh tasks.  The depths are those of the
+    shipped length; a length trained for some depths only (e.g. the deepest ones, trained longer) is NaN at the
+    others."""
     if part not in FULL_ATTENTION:
         raise KeyError(f"unknown part {part!r}; choose one of {list(FULL_ATTENTION)}")
     trained = {results["full_attention_steps"]: results[part], **{
-        steps: parts[part] for steps, parts in results.get("full_attention_lengths", {}).items()}}
-    if any(key not in runs for runs in trained.values()):
+        steps: parts[part] for steps, parts in results.get("full_attention_lengths", {}).items() if part in parts}}
+    if key not in trained[results["full_attention_steps"]]:
         raise KeyError(f"no {part!r} runs with key {key!r} in these results; "
                        f"choose one of {list(FULL_ATTENTION[part][1])}")
-    steps = sorted(trained)
-    scores = [run_losses(trained[length][key]) for length in steps]
-    return steps, torch.stack([s[0] for s in scores]), torch.stack([s[1] for s in scores])
+    depths = sorted(trained[results["full_attention_steps"]][key])
+    steps = sorted(length for length, runs in trained.items() if key in runs)
+    means = torch.full((len(steps), len(results["recipe"]["seeds"]), len(depths)), math.nan, dtype=torch.float64)
+    stderrs = means.clone()
+    for row, length in enumerate(steps):
+        runs = trained[length][key]
+        for column, depth in enumerate(depths):
+            if depth in runs:
+                means[row, :, column] = runs[depth]["mean"][:, -1]
+                stderrs[row, :, column] = runs[depth]["stderr"][:, -1]
+    return steps, means, stderrs
+
+
+def longest_training(results: dict, part: str, key) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each depth of a part of ``FULL_ATTENTION`` after its longest training (some depths were trained longer than
+    others): ``(steps, means, stderrs, change)``, ``steps`` per depth, ``means`` and ``stderrs`` (seeds, depths) the
+    loss after the last layer on fresh tasks, and ``change`` (seeds, depths) its relative change from the training
+    half as long, ``means / means at steps // 2 - 1`` (NaN where the file has no such training)."""
+    lengths, means, stderrs = training_lengths(results, part, key)
+    steps, rows = [], []
+    for column in range(means.shape[-1]):
+        row = max(index for index in range(len(lengths)) if not means[index, :, column].isnan().any())
+        steps.append(lengths[row])
+        rows.append(row)
+    columns = torch.arange(means.shape[-1])
+    longest, errors = means[rows, :, columns].T, stderrs[rows, :, columns].T
+    half = torch.stack([means[lengths.index(length // 2), :, column] if length // 2 in lengths
+                        else torch.full_like(means[0, :, column], math.nan) for column, length in enumerate(steps)], 1)
+    return steps, longest, errors, longest / half - 1
 
 
 def late_fall(runs: dict, share: float = 0.25) -> torch.Tensor:
     """How much each run's fresh-task training curve fell over the last ``share`` of its training, (seeds, depths):
     ``curve[start of that stretch] / curve[end] - 1`` (0 for a flat curve; the sign says which way it moved)."""
     depths = sorted(runs)
-    points = runs[depths[0]]["curve"].shape[-1]
-    back = round((points - 1) * share) + 1
-    return torch.stack([runs[k]["curve"][:, -back] / runs[k]["curve"][:, -1] - 1 for k in depths], 1)
+    backs = {k: round((runs[k]["curve"].shape[-1] - 1) * share) + 1 for k in depths}   # depths may train apart
+    return torch.stack([runs[k]["curve"][:, -backs[k]] / runs[k]["curve"][:, -1] - 1 for k in depths], 1)
 
 
 
@@ -948,11 +1054,15 @@ if __name__ == "__main__":
         parser.error(str(error))
     torch.set_num_threads(1)
     begin = time.perf_counter()
+    resumed = not arguments.restart and pathlib.Path(arguments.out).exists()
+    before = load_experiments(arguments.out).get("seconds", {}) if resumed else {}
     output = run_experiments(arguments.out, resume=not arguments.restart, redo=arguments.redo, device=arguments.device)
     output["total_seconds"] = output.get("total_seconds", 0.0) + time.perf_counter() - begin
-    if arguments.redo:   # which parts a later run recomputed, with the command and its time
+    computed = [part for part, seconds in output.get("seconds", {}).items() if before.get(part) != seconds]
+    if resumed and computed:   # which parts a later run recomputed, with the command and its time
         output["redone"] = output.get("redone", []) + [
-            {"command": f"{COMMAND.split('   ')[0]} --redo {' '.join(arguments.redo)}", "parts": arguments.redo,
-             "seconds": time.perf_counter() - begin}]
+            {"command": COMMAND.split("   ")[0] + (f" --redo {' '.join(arguments.redo)}" if arguments.redo
+                                                   else "   # resumed"),
+             "parts": computed, "seconds": time.perf_counter() - begin}]
     torch.save(output, arguments.out)
     print(f"done in {time.perf_counter() - begin:.0f} s", flush=True)

@@ -43,11 +43,17 @@ def _step_sizes(eta, num_steps: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def _mean_weight_loss(w_hat: torch.Tensor, batch: TaskBatch) -> torch.Tensor:
-    """``1/2 E (w_hat - w)^T S (w_hat - w)``, the expected query loss (``S = I`` when the batch has no covariance)."""
+    """``1/2 E (w_hat - w)^T S (w_hat - w)``, the expected query loss (``S = I`` when the batch has no covariance),
+    each task weighted by its ``importance_weight`` when the batch has one (drawn from another law, e.g.
+    :class:`~icl_course.data.StretchedTasks`)."""
     error = w_hat - batch.w
     if batch.covariance is None:
-        return 0.5 * (error**2).sum(-1).mean()
-    return 0.5 * ((error @ batch.covariance.to(error)) * error).sum(-1).mean()
+        losses = 0.5 * (error**2).sum(-1)
+    else:
+        losses = 0.5 * ((error @ batch.covariance.to(error)) * error).sum(-1)
+    if batch.importance_weight is not None:
+        losses = losses * batch.importance_weight.to(losses)
+    return losses.mean()
 
 
 def gradient_descent(X: torch.Tensor, y: torch.Tensor, eta, num_steps: int,

@@ -16,12 +16,23 @@ stream (training each depth alone draws the same batches as training all depths 
     python research/full_attention_gpu.py train --device cuda --steps 12000 --out trained_12000.pt
     python research/full_attention_gpu.py score trained_3000.pt trained_12000.pt   # on the CPU: the shipped file
 
-(the shipped file was made by exactly these, on one H200: 94 s and 354 s of training).  ``score`` scores every
-model on fresh tasks on the CPU in float64 (as ``run_experiments`` does) and writes the longest training into
-``icl_course/pretrained/ch5_memformers.pt`` (``results["heads"]``, ``results["quasi_newton"]``,
-``full_attention_steps``) and every shorter one beside it (``results["full_attention_lengths"][steps]``), the
-convergence check.  ``--seconds S`` instead of ``--steps`` times the groups first and picks the most steps that
-fit (it overestimates: the 100 timed steps include each process's start).
+(the shipped file was made by exactly these, on one H200: 94 s and 354 s of training; then the heads' deepest models
+were trained longer on the development CPU, 2 processes side by side, and merged in:
+
+    python research/full_attention_gpu.py train --device cpu --processes 2 --steps 48000 --parts heads --depths 4 \
+        --out trained_48000.pt                       # 3 856 s; scoring 382 s
+    python research/full_attention_gpu.py score trained_48000.pt
+    python research/full_attention_gpu.py train --device cpu --processes 2 --steps 24000 --parts heads --depths 3 \
+        --out trained_24000.pt                       # 1 452 s; scoring 87 s
+    python research/full_attention_gpu.py score trained_24000.pt
+
+``--parts`` and ``--depths`` train some groups only; ``score`` merges each (part, key, depth) at its length).
+``score`` scores every model on fresh tasks on the CPU in float64 (as ``run_experiments`` does) and writes into
+``icl_course/pretrained/ch5_memformers.pt`` the longest training that covers every group (``results["heads"]``,
+``results["quasi_newton"]``, ``full_attention_steps``) and every other one beside it
+(``results["full_attention_lengths"][steps]``), the convergence check.  ``--seconds S`` instead of ``--steps``
+times the groups first and picks the most steps that fit (it overestimates: the 100 timed steps include each
+process's start).
 """
 
 from __future__ import annotations
@@ -65,9 +76,9 @@ def _worker(job):
     return job, train_group(part, key, depth, steps, device)
 
 
-def _jobs(steps_list, device):
+def _jobs(steps_list, device, groups=None):
     # the slowest first, so that the pool's last minutes are not one long job alone
-    jobs = [(part, key, depth, steps, device) for steps in steps_list for part, key, depth in GROUPS]
+    jobs = [(part, key, depth, steps, device) for steps in steps_list for part, key, depth in groups or GROUPS]
     return sorted(jobs, key=lambda job: -(job[2] * (job[1] or 2) * job[3]))
 
 
@@ -89,14 +100,27 @@ def _pool(processes: int):
     return _InProcess() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes)
 
 
-def train(steps: int, device: str, out: pathlib.Path, processes: int) -> None:
+def chosen_groups(parts=None, depths=None) -> list:
+    """The groups of ``GROUPS`` in ``parts`` (names of ``memformer.FULL_ATTENTION``) and ``depths`` (None: all)."""
+    unknown = set(parts or ()) - set(memformer.FULL_ATTENTION)
+    if unknown:
+        raise SystemExit(f"unknown part {sorted(unknown)}: choose among {list(memformer.FULL_ATTENTION)}")
+    if set(depths or ()) - set(DEPTHS):
+        raise SystemExit(f"depths must be among {DEPTHS}; got {depths}")
+    return [(part, key, depth) for part, key, depth in GROUPS
+            if (not parts or part in parts) and (not depths or depth in depths)]
+
+
+def train(steps: int, device: str, out: pathlib.Path, processes: int, groups=None) -> None:
     begin = time.perf_counter()
+    groups = GROUPS if groups is None else groups
     trained = {"steps": steps, "half_steps": steps // 2, "device": device, "torch": str(torch.__version__),
                "seconds": {}, steps: {}, steps // 2: {}}
     if device.startswith("cuda"):
         trained["device_name"] = torch.cuda.get_device_name()
     with _pool(processes) as pool:
-        for (part, _, _, length, _), result in pool.imap_unordered(_worker, _jobs((steps, steps // 2), device)):
+        for (part, _, _, length, _), result in pool.imap_unordered(_worker, _jobs((steps, steps // 2), device,
+                                                                                  groups)):
             for key, group in result["runs"].items():
                 for depth, run in group.items():
                     trained[length].setdefault(part, {}).setdefault(key, {})[depth] = run
@@ -131,10 +155,23 @@ def steps_within(seconds: float, per_step: dict, processes: int) -> int:
     return int(seconds / max(loads) // 1000 * 1000)
 
 
+def _command(trained: dict) -> str:
+    """The ``train`` command that made one file (its parts and depths read from what it holds)."""
+    parts = sorted(trained[trained["steps"]])
+    depths = sorted({depth for part in parts for runs in trained[trained["steps"]][part].values() for depth in runs})
+    narrowed = ("" if parts == sorted(memformer.FULL_ATTENTION) else " --parts " + " ".join(parts)) + \
+        ("" if depths == sorted({depth for _, _, depth in GROUPS}) else " --depths " + " ".join(map(str, depths)))
+    return (f"python research/full_attention_gpu.py train --device {trained['device']} --steps {trained['steps']}"
+            f"{narrowed} --out trained_{trained['steps']}.pt")
+
+
 def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
-    """Score every model that the ``train`` files in ``paths`` hold, on the CPU, and write them into the results:
-    the longest training as ``results["heads"]`` and ``results["quasi_newton"]``, every shorter one in
-    ``results["full_attention_lengths"][steps]``."""
+    """Score every model that the ``train`` files in ``paths`` hold, on the CPU, and merge them into the results,
+    each (part, key, depth) at its number of steps.  The longest length the files hold for every group of both parts
+    becomes ``results[part]`` (``results["full_attention_steps"]``; the length shipped there before moves among the
+    shorter ones); every other length goes to ``results["full_attention_lengths"][steps][part][key][depth]``,
+    replacing only the models of the same length, part, key and depth.  So a file of a few groups trained longer
+    (``train --parts heads --depths 3 4``) adds lengths for those depths and keeps the rest."""
     files = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
     results = memformer.load_experiments(results_path)
     seeds = list(memformer.RECIPE["seeds"])
@@ -143,31 +180,40 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
     scored = {}
     for trained in files:
         for length in (trained["steps"], trained["half_steps"]):
-            scored[length] = {}
             for part, (family, keys) in memformer.FULL_ATTENTION.items():
-                runs = trained[length][part]
-                for key in runs:
-                    group = {depth: runs[key][depth] for depth in sorted(runs[key])}
+                for key, runs in trained[length].get(part, {}).items():
+                    group = {depth: runs[depth] for depth in sorted(runs)}
                     index = 0 if part == "heads" else keys.index(key)
                     memformer._scored([{}] * index + [group], family, samplers, seeds, memformer.RECIPE, "full",
                                       key if part == "heads" else 1)
-                    print(f"{part} {key}, {length} steps: "
+                    print(f"{part} {key}, {length} steps, depths {list(group)}: "
                           f"{[round(group[d]['mean'][:, -1].mean().item(), 6) for d in group]}", flush=True)
-                scored[length][part] = runs
-    steps = max(scored)
-    results.update(scored.pop(steps))
-    results["full_attention_steps"] = steps
-    results["full_attention_lengths"] = scored
+                    scored.setdefault(length, {}).setdefault(part, {}).setdefault(key, {}).update(group)
+    every = [(part, key, depth) for part, (_, keys) in memformer.FULL_ATTENTION.items() for key in keys
+             for depth in sorted({depth for _, _, depth in GROUPS})]
+    complete = [length for length, parts in scored.items()
+                if all(depth in parts.get(part, {}).get(key, {}) for part, key, depth in every)]
+    lengths = results.setdefault("full_attention_lengths", {})
+    shipped = results.get("full_attention_steps")
+    if complete and max(complete) != shipped:
+        if shipped is not None:   # the old longest training stays, as one of the lengths
+            lengths[shipped] = {part: results[part] for part in memformer.FULL_ATTENTION if part in results}
+        shipped = results["full_attention_steps"] = max(complete)
+    for length, parts in scored.items():
+        for part, keys in parts.items():
+            for key, group in keys.items():
+                target = results if length == shipped else lengths.setdefault(length, {})
+                target.setdefault(part, {}).setdefault(key, {}).update(group)
+    lengths.pop(shipped, None)
     for part in memformer.FULL_ATTENTION:   # the CPU's time for the parts replaced; their own is in "redone"
         results.get("seconds", {}).pop(part, None)
     where = "; ".join(f"--steps {file['steps']}: {file['total_seconds']:.0f} s on "
                       f"{file.get('device_name', file['device'])} (torch {file['torch']})" for file in files)
     results["redone"] = results.get("redone", []) + [{
-        "command": " && ".join(f"python research/full_attention_gpu.py train --device {trained['device']} --steps "
-                               f"{trained['steps']} --out trained_{trained['steps']}.pt" for trained in files)
+        "command": " && ".join(_command(trained) for trained in files)
         + " && python research/full_attention_gpu.py score "
         + " ".join(f"trained_{trained['steps']}.pt" for trained in files),
-        "parts": list(memformer.FULL_ATTENTION),
+        "parts": sorted({part for parts in scored.values() for part in parts}),
         "seconds": sum(trained["total_seconds"] for trained in files) + time.perf_counter() - begin,
         "where": f"trained with one process per depth and length side by side ({where}); scored on a 2-core CPU "
                  f"({time.perf_counter() - begin:.0f} s)"}]
@@ -184,6 +230,8 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=None,
                         help="train: instead of --steps, the most steps whose training fits in this many seconds")
     parser.add_argument("--processes", type=int, default=len(GROUPS))
+    parser.add_argument("--parts", nargs="*", default=None, help="train: only these parts (default: both)")
+    parser.add_argument("--depths", nargs="*", type=int, default=None, help="train: only these depths (default: 1-4)")
     parser.add_argument("--out", default="full_attention_trained.pt")
     parser.add_argument("--results", default=str(memformer.PRETRAINED))
     arguments = parser.parse_args()
@@ -196,7 +244,8 @@ if __name__ == "__main__":
             print(f"{arguments.steps} steps fit in {arguments.seconds:.0f} s", flush=True)
             if arguments.steps < 2000:
                 raise SystemExit("fewer than 2 000 steps fit: give more --seconds")
-        train(arguments.steps, arguments.device, pathlib.Path(arguments.out), arguments.processes)
+        train(arguments.steps, arguments.device, pathlib.Path(arguments.out), arguments.processes,
+              chosen_groups(arguments.parts, arguments.depths))
     else:
         if not arguments.paths:
             parser.error("score needs the files that `train` wrote")

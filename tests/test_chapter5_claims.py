@@ -9,7 +9,11 @@ import torch
 
 from icl_course import memformer
 
-CONVERGED = 4   # the depths whose models pass the chapter's convergence checks; 5-6 are trained but are not
+PAPER_DEPTHS = 4   # the depths of the paper's figures; from 5 layers on CG is exact
+# the trained models that fail the convergence checks (chapter 5, section 6): on rotated data at 6 layers the
+# preconditioned families end above the isotropic loss they can reach, the linear transformer's seeds far apart
+UNCONVERGED = {("linear transformer", "rotated", 6)}
+SHORT_OF_ISOTROPIC = 6
 PRECONDITIONED = ("linear transformer", "CGD-like + A_l", "LFOM (tied gates)", "LFOM (per-layer gates)")
 
 
@@ -34,19 +38,25 @@ def test_families_with_a_preconditioner_lose_the_same_on_rotated_and_isotropic_d
     # x -> U D z, w -> U D^-1 z' maps one setting onto the other for every model with a full A_l, so their
     # optima agree: trained models that agree have found them (the scalar family has no such map)
     for family in PRECONDITIONED:
-        rotated, isotropic = (memformer.final_losses(results, s, family)[0].mean(0)[:CONVERGED]
-                              for s in memformer.SETTINGS)
-        assert ((rotated / isotropic - 1).abs() < 0.06).all(), (family, rotated, isotropic)
+        rotated, isotropic = (memformer.final_losses(results, s, family)[0].mean(0) for s in memformer.SETTINGS)
+        shift = (rotated / isotropic).tolist()
+        for depth, ratio in zip(results["recipe"]["depths"], shift):
+            if depth < SHORT_OF_ISOTROPIC:
+                assert abs(ratio - 1) < 0.05, (family, depth, ratio)
+            else:   # 3-8% above, the linear transformer (trained in its factored form) by a fifth and more
+                assert (ratio > 1.2) if family == "linear transformer" else (1.03 < ratio < 1.08), (family, ratio)
 
 
 def test_seeds_agree_and_training_curves_are_flat(results):
     for setting in memformer.SETTINGS:
         for family in memformer.MODELS:
             means, errors = memformer.final_losses(results, setting, family)
-            assert (means.max(0).values / means.min(0).values < 1.08)[:CONVERGED].all(), (setting, family)
+            agree = (means.max(0).values / means.min(0).values < 1.08).tolist()
+            for depth, agrees in zip(results["recipe"]["depths"], agree):
+                assert agrees == ((family, setting, depth) not in UNCONVERGED), (setting, family, depth)
             for depth, run in results["models"][setting][family].items():
                 late = (run["curve"][:, -6] - run["curve"][:, -1]) / run["curve"][:, -1]
-                assert depth > CONVERGED or (late.abs() < 0.15).all(), (setting, family, depth)
+                assert depth > PAPER_DEPTHS or (late.abs() < 0.15).all(), (setting, family, depth)
 
 
 def test_trained_models_are_no_worse_than_the_tuned_gd_they_contain(results):
@@ -54,13 +64,13 @@ def test_trained_models_are_no_worse_than_the_tuned_gd_they_contain(results):
         gd_low, gd_high = band(results, setting, "GD (tuned steps)")
         for family in memformer.MODELS:
             low, high = band(results, setting, family)
-            assert (low < gd_high)[:CONVERGED].all(), (setting, family)
+            assert (low < gd_high).all(), (setting, family)
 
 
 def test_the_pinned_numbers(results):
     def mean(setting, name):
         low, high = memformer.loss_band(results, setting, name, width=0)
-        return ((low + high) / 2)[:CONVERGED]
+        return ((low + high) / 2)[:PAPER_DEPTHS]
 
     torch.testing.assert_close(mean("rotated", "CG"), torch.tensor([0.99, 0.578, 0.272, 0.100], dtype=torch.float64),
                                rtol=0.02, atol=0)
@@ -73,25 +83,35 @@ def test_the_pinned_numbers(results):
 
 
 def test_cg_is_exact_from_d_steps_on_and_no_trained_model_is(results):
-    """Section 7 at 5 and 6 layers: CG has run d = 5 steps, its loss is rounding; the trained models are far above,
-    and their 5-layer means are carried by a few tasks (not shown converged, as the chapter says)."""
+    """Section 7 at 5 and 6 layers: CG has run d = 5 steps, its loss is rounding; the trained models are far above.
+    Those depths trained 4 000 steps on stretched tasks and were scored on them, with standard errors of a few
+    percent (section 6)."""
     assert results["recipe"]["depths"] == (1, 2, 3, 4, 5, 6)
     for setting in memformer.SETTINGS:
         assert results["baselines"][setting]["CG"]["mean"][4:].max() < 1e-20
         for family in memformer.MODELS:
             assert memformer.final_losses(results, setting, family)[0][:, 4:].min() > 1e-3, (setting, family)
-    for family in PRECONDITIONED:
-        means, errors = memformer.final_losses(results, "isotropic", family)
-        assert (errors[:, 4] / means[:, 4]).max() > 0.3, family
+    for setting in memformer.SETTINGS:
+        for family in memformer.MODELS:
+            for depth, run in results["models"][setting][family].items():
+                # (a run from before the recipe had stretched depths has neither key: plain, 2 000 steps)
+                assert run.get("stretched", False) == (depth >= 5), (setting, family, depth)
+                assert run.get("num_steps", 2000) == (4000 if depth >= 5 else 2000), (setting, family, depth)
+            means, errors = memformer.final_losses(results, setting, family)
+            assert (errors[:, 4:] < 0.08 * means[:, 4:]).all(), (setting, family)
 
 
 def test_models_with_every_entry_of_p_and_q_trained(results):
-    """Sections 9 and 10: 12 000 steps (and 1 500, 3 000, 6 000 as the convergence check); one layer on the GD form's
-    closed form; the quasi-Newton LFOM far below the GD-form one at 2-3 layers; 1 and 5 heads level at 1-2 layers,
-    5 heads above 1 head at 3.  The CGD-like models have not converged at 3-4 layers, so a retrained file may move
+    """Sections 9 and 10: 12 000 steps (and 1 500, 3 000, 6 000 as the convergence check; the CGD-like models also
+    24 000 at 3-4 layers and 48 000 at 4); one layer on the GD form's closed form; the quasi-Newton LFOM far below
+    the GD-form one at 2-3 layers; 1 and 5 heads level at 1-2 layers; at 3 layers one head converged and 5 heads
+    above it.  The CGD-like models have not converged at 4 layers (nor 5 heads at 3), so a retrained file may move
     those means: their bands are wide."""
     assert results["full_attention_steps"] == 12_000
-    assert sorted(results["full_attention_lengths"]) == [1500, 3000, 6000]
+    assert sorted(results["full_attention_lengths"]) == [1500, 3000, 6000, 24000, 48000]
+    assert all(set(results["full_attention_lengths"][length]) == {"heads"} and
+               all(sorted(runs) == depths for runs in results["full_attention_lengths"][length]["heads"].values())
+               for length, depths in ((24000, [3, 4]), (48000, [4])))
     with pytest.raises(KeyError, match=r"choose one of \[1, 5\]"):
         memformer.training_lengths(results, "heads", 3)
     assert all(sorted(results[part][key]) == list(memformer.FULL_ATTENTION_DEPTHS)
@@ -105,10 +125,10 @@ def test_models_with_every_entry_of_p_and_q_trained(results):
             one = results[part][key][1]
             assert ((one["mean"][:, 0] - best).abs() < 4 * one["stderr"][:, 0]).all(), (part, key)
             steps, by_length, errors = memformer.training_lengths(results, part, key)
-            assert steps == [1500, 3000, 6000, 12000] and by_length.shape == errors.shape == (4, 3, 4)
-            assert torch.equal(by_length[-1], means(results[part][key]))
+            assert steps[:4] == [1500, 3000, 6000, 12000] and by_length.shape == errors.shape == (len(steps), 3, 4)
+            assert torch.equal(by_length[3], means(results[part][key]))
             # converged at 1-2 layers: doubling the training from 6 000 steps moves no seed's loss by 3%
-            assert ((by_length[-1, :, :2] / by_length[-2, :, :2] - 1).abs() < 0.03).all(), (part, key)
+            assert ((by_length[3, :, :2] / by_length[2, :, :2] - 1).abs() < 0.03).all(), (part, key)
     for setting in memformer.SETTINGS:
         quasi = means(results["quasi_newton"][setting])
         gd_form = memformer.final_losses(results, setting, "LFOM (tied gates)")[0]
@@ -117,12 +137,17 @@ def test_models_with_every_entry_of_p_and_q_trained(results):
         assert (quasi.max(0).values[1:3] < cg[1:3]).all(), setting
         torch.testing.assert_close(quasi.mean(0)[:3], torch.tensor([0.577, 0.028, 0.0017], dtype=torch.float64),
                                    rtol=0.1, atol=0)
-    one_head, five_heads = means(results["heads"][1]), means(results["heads"][5])
-    torch.testing.assert_close(one_head.mean(0), torch.tensor([0.577, 0.0280, 3.35e-4, 2.7e-5], dtype=torch.float64),
+    steps, one_head, _, one_change = memformer.longest_training(results, "heads", 1)
+    _, five_heads, _, five_change = memformer.longest_training(results, "heads", 5)
+    assert steps == [12000, 12000, 24000, 48000]
+    torch.testing.assert_close(one_head.mean(0), torch.tensor([0.577, 0.0280, 3.25e-4, 3.9e-6], dtype=torch.float64),
                                rtol=0.1, atol=0)
-    torch.testing.assert_close(five_heads.mean(0), torch.tensor([0.577, 0.0277, 3.95e-4, 3.4e-5], dtype=torch.float64),
+    torch.testing.assert_close(five_heads.mean(0), torch.tensor([0.577, 0.0277, 3.52e-4, 6.2e-6], dtype=torch.float64),
                                rtol=0.1, atol=0)
-    assert five_heads[:, 2].min() > one_head[:, 2].max()
+    # 3 layers: one head flat from 12 000 to 24 000 steps, 5 heads still falling and above it; 4 layers: both falling
+    assert one_change[:, 2].median().abs() < 0.03 and five_change[:, 2].median() < -0.04
+    assert five_heads[:, 2].mean() > 1.05 * one_head[:, 2].mean()
+    assert (one_change[:, 3] < -0.3).all() and (five_change[:, 3] < -0.3).all()
     # the quasi-Newton reading of the 3-layer isotropic model: layers 1-2 move the inputs by (I - c_l Sigma_hat)
     model = memformer.load_full_attention_model(results, "quasi_newton", "isotropic", 3)
     P, Q = model.P.detach()[:, 0, :5, :5], model.Q.detach()[:, 0, :5, :5]
@@ -137,9 +162,9 @@ def test_small_batch_fits_are_finished_and_stay_above_cg_at_ten_tasks(results):
     assert small[10]["gradient_norm"].max() < 1e-5
     assert (small[10]["batch"] <= small[10]["restarts_best"] * (1 + 1e-6)).all()
     assert (small[10]["batch"] > small[10]["cg_batch"]).all()
-    torch.testing.assert_close((small[10]["batch"] / small[10]["cg_batch"]).mean(0)[:CONVERGED],
+    torch.testing.assert_close((small[10]["batch"] / small[10]["cg_batch"]).mean(0)[:PAPER_DEPTHS],
                                torch.tensor([1.05, 1.53, 2.20, 3.84], dtype=torch.float64), rtol=0.02, atol=0)
-    assert (small[1]["batch"] <= small[1]["cg_batch"])[:, :CONVERGED].all()   # from d = 5 steps CG is exact
+    assert (small[1]["batch"] <= small[1]["cg_batch"])[:, :PAPER_DEPTHS].all()   # from d = 5 steps CG is exact
     assert (small[1]["batch"][:, :3] <= small[1]["restarts_best"][:, :3] * (1 + 1e-4)).all()   # finished to 3 layers
     assert (small[1]["restarts_best"][:, 3] < 0.8 * small[1]["batch"][:, 3]).any()              # not quite at 4
 

@@ -142,3 +142,26 @@ def test_stretched_tasks_meet_the_rare_spectra_often_and_weigh_them_back_without
     assert (batch.X[:, :, 0] ** 2).sum(1).mean() / (2 * n) > 0.5 + 10 * estimate.stderr
     assert stretched[:5].importance_weight.shape == (5,) and stretched.to(dtype=torch.float32).importance_weight.dtype \
         == torch.float32
+
+
+def test_stretched_tasks_with_covariances_stretch_the_standard_draws_and_keep_the_law():
+    """With ``covariance`` and ``weight_covariance`` the stretch acts on the standard draws ``z`` of ``x = L z``:
+    the same weights as without, the inputs mapped by ``L``, and weighted means those of the plain law."""
+    d, n = 5, 20
+    S = torch.diag(torch.tensor([4.0, 2.0, 1.0, 0.5, 0.25], dtype=torch.float64))
+    rotation, _ = torch.linalg.qr(torch.randn(d, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    S = rotation @ S @ rotation.T
+    W = torch.linalg.inv(S)
+    standard = StretchedTasks(d, n, dtype=torch.float64).sample(100_000, seed=3)
+    tasks = StretchedTasks(d, n, covariance=S, weight_covariance=W, dtype=torch.float64)
+    stretched = tasks.sample(100_000, seed=3)
+    L, C = torch.linalg.cholesky(S), torch.linalg.cholesky(W)
+    assert torch.equal(stretched.importance_weight, standard.importance_weight)
+    assert torch.allclose(stretched.X, standard.X @ L.T) and torch.allclose(stretched.w, standard.w @ C.T)
+    assert torch.allclose(stretched.y, (stretched.X @ stretched.w.unsqueeze(-1)).squeeze(-1))
+    assert torch.equal(stretched.covariance, S) and "covariance=S" in repr(tasks)
+    plain = RegressionTasks(d, n, covariance=S, weight_covariance=W, dtype=torch.float64).sample(100_000, seed=4)
+    largest = {name: torch.linalg.eigvalsh(batch.Sigma)[:, -1] for name, batch in (("q", stretched), ("p", plain))}
+    weighted, direct = largest["q"] * stretched.importance_weight, largest["p"]
+    assert abs(weighted.mean() - direct.mean()) < 4 * (weighted.var() / 1e5 + direct.var() / 1e5) ** 0.5
+    assert largest["q"].mean() > direct.mean() + 10 * (direct.var() / 1e5) ** 0.5   # unweighted, it is another law
