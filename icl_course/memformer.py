@@ -398,8 +398,8 @@ FULL_ATTENTION_DEPTHS = (1, 2, 3, 4)   # the paper's depths: these models cost h
 # "stretched_depths": models of these depths train, and they and the baselines with as many steps are tuned and
 # scored, on tasks with a stretched direction drawn on purpose and weighted back (StretchedTasks): at 5 and 6 layers
 # a few tasks in a million with a large eigenvalue carry the mean, so plain samples of a million cannot pin it
-# (standard errors of 30-45%) and batches of 500 never show training the tasks that decide it; they train for
-# "stretched_num_steps" (at 2 000 the 6-layer models on rotated data stayed 14-50% above their isotropic loss)
+# (standard errors of 30-46%) and batches of 500 never show training the tasks that decide it; they train for
+# "stretched_num_steps" (at 2 000 the 6-layer models on rotated data stayed 14-51% above their isotropic loss)
 RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4, 5, 6), "seeds": (0, 1, 2), "num_steps": 2000, "batch_size": 500,
           "learning_rate": 0.05, "warmup_steps": 100, "clip_norm": 1.0, "curve_every": 100, "curve_tasks": 20_000,
           "eval_tasks": 1_000_000, "shallow_eval_tasks": 200_000, "tune_tasks": 10_000, "baseline_tasks": 200_000,
@@ -873,7 +873,8 @@ def _trained_and_scored(family: str, samplers, seeds, r: dict, settings: int = l
 
 def _trained(family: str, samplers, seeds, r: dict, settings: int = len(SETTINGS), attention: Optional[str] = None,
              num_heads: int = 1, device="cpu") -> list[dict]:
-    """The training half of :func:`_trained_and_scored`: per group ``{depth: {"weights", "curve"}}``."""
+    """The training half of :func:`_trained_and_scored`: per group ``{depth: {"weights", "curve", "stretched",
+    "num_steps"}}`` (the recipe's stretched depths train apart, on their own stream of stretched batches)."""
     trained = {}
     for kind in (False, True):   # the plain depths, then those trained on stretched tasks (the same stream each)
         depths = [depth for depth in r["depths"] if stretched(depth, r) == kind]

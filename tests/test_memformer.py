@@ -470,3 +470,8 @@ def test_the_stretched_depths_script_scores_and_trains_both_ways():
     stretched = script.train_and_score("CGD-like (scalars)", "rotated", 4, True, 300, depths=(2,), recipe=tiny)
     assert len(plain[2]) == len(stretched[2]) == 3 and plain[2] != stretched[2]
     assert "± " in script._line(plain[2])
+    lengths = script.score_lengths("isotropic", 1, tasks=200)      # the quasi-Newton LFOM at every training length
+    assert sorted(lengths) == [1500, 3000, 6000, 12000] and all(len(values) == 3 for values in lengths.values())
+    full = script.train_and_score("LFOM (tied gates)", "rotated", 2, True, 200, depths=(1,), recipe=tiny,
+                                  attention="full")
+    assert len(full[1]) == 3 and all(mean > 0 for mean, _ in full[1])
