@@ -921,6 +921,27 @@ def test_the_noiseless_tails_script_names_the_eigenvalues_of_each_models_worst_t
     assert 0 < low < high
 
 
+def test_the_cell_samples_script_scores_the_selected_model_on_other_samples(capsys):
+    from icl_course.evaluate import adjusted_losses
+    from icl_course.table1 import column_noise
+
+    cell_samples = research_script("cell_samples")
+    cell_samples.main(["--variant", "full", "--depth", "4", "--column", "1", "--tasks", "2000", "--samples", "2",
+                       "--chunk-size", "1000", "--seed", "5"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("Full 4 layers, column 1 (adjusted loss, 2000 tasks per sample")
+    row = next(row for row in load_results() if (row["variant"], row["depth"], row["column"]) == ("full", 4, "1"))
+    assert lines[1].split()[4] == f"{row['adjusted_loss']:.4g}"          # the table's own number first
+    assert [line.split("  ")[1].strip() for line in lines[2:]] == [
+        "plain sample, seed 5", "plain sample, seed 6", "stretched tuning tasks, seed 5"]
+    # the plain sample's number is the selected model's adjusted loss on those tasks
+    model = load_table1_model("full", 4, "1").double()
+    sampler = RegressionTasks(10, 20, column_noise("1"), dtype=torch.float64)
+    expected = adjusted_losses({"model": model}, sampler, 2000, 1000, seed=6)["model"]
+    assert lines[3].split()[4] == f"{expected.mean:.4g}"
+    assert lines[2].split()[4] != lines[3].split()[4]                  # other samples, other means
+
+
 def test_the_spike_restarts_script_trains_copies_of_a_deepened_model_with_and_without_restarts(capsys, monkeypatch):
     from icl_course import sweep
 
