@@ -395,15 +395,24 @@ FULL_ATTENTION = {"heads": ("CGD-like + A_l", (1, 5)), "quasi_newton": ("LFOM (t
 # a CPU (`--parts heads --depths ...`): results["full_attention_lengths"] holds every other training
 FULL_ATTENTION_STEPS = 12_000
 FULL_ATTENTION_DEPTHS = (1, 2, 3, 4)   # the paper's depths: these models cost hundreds of times a GD-form one
+# the depths of each part that train and are scored on stretched tasks, as the GD form's deepest: trained on plain
+# batches, the 4-layer quasi-Newton LFOM's mean over a million stretched tasks is 3e3 to 4e12 at almost every
+# training length (a plain million reads 3e-4 to 0.15, carried by a few tasks), and trained on stretched batches it
+# stays finite (research/README.md); the heads keep plain training (48 000 stretched steps are hours on a CPU)
+FULL_ATTENTION_STRETCHED = {"heads": (), "quasi_newton": (4,)}
 # "stretched_depths": models of these depths train, and they and the baselines with as many steps are tuned and
 # scored, on tasks with a stretched direction drawn on purpose and weighted back (StretchedTasks): at 5 and 6 layers
 # a few tasks in a million with a large eigenvalue carry the mean, so plain samples of a million cannot pin it
 # (standard errors of 30-46%) and batches of 500 never show training the tasks that decide it; they train for
-# "stretched_num_steps" (at 2 000 the 6-layer models on rotated data stayed 14-51% above their isotropic loss)
+# "stretched_num_steps" (at 2 000 the 6-layer models on rotated data stayed 14-51% above their isotropic loss, at
+# 4 000 still 4.5-23%); the baselines with as many steps are tuned on "stretched_tune_tasks" of them (tuned on 10 000,
+# whose weighted mean hangs on a few rare tasks, GD with 6 tuned steps scored 11-13% above the steps tuned
+# on 200 000, on fresh ones)
 RECIPE = {"d": 5, "n": 20, "depths": (1, 2, 3, 4, 5, 6), "seeds": (0, 1, 2), "num_steps": 2000, "batch_size": 500,
           "learning_rate": 0.05, "warmup_steps": 100, "clip_norm": 1.0, "curve_every": 100, "curve_tasks": 20_000,
           "eval_tasks": 1_000_000, "shallow_eval_tasks": 200_000, "tune_tasks": 10_000, "baseline_tasks": 200_000,
-          "stretched_depths": (5, 6), "stretched_num_steps": 4000}
+          "stretched_depths": (5, 6), "stretched_num_steps": 8000,
+          "stretched_tune_tasks": 200_000}
 PRETRAINED = pathlib.Path(__file__).resolve().parent / "pretrained" / "ch5_memformers.pt"
 COMMAND = ("OMP_NUM_THREADS=1 nice -n 10 python -m icl_course.memformer   "
            "# writes icl_course/pretrained/ch5_memformers.pt")
@@ -462,6 +471,18 @@ def training_steps(depth: int, recipe: Optional[dict] = None) -> int:
     ``num_steps`` otherwise."""
     r = recipe or RECIPE
     return r.get("stretched_num_steps", r["num_steps"]) if stretched(depth, r) else r["num_steps"]
+
+
+def full_attention_recipe(part: str, num_steps: int = FULL_ATTENTION_STEPS, recipe: Optional[dict] = None) -> dict:
+    """The recipe one part of ``FULL_ATTENTION`` trains with: ``recipe`` (default ``RECIPE``) at ``num_steps`` steps
+    for every depth, on the depths of ``FULL_ATTENTION_DEPTHS`` it has, stretched at the part's
+    ``FULL_ATTENTION_STRETCHED`` depths."""
+    if part not in FULL_ATTENTION:
+        raise ValueError(f"unknown part {part!r}; choose among {', '.join(map(repr, FULL_ATTENTION))}")
+    r = recipe or RECIPE
+    return dict(r, num_steps=num_steps, stretched_num_steps=num_steps,
+                depths=tuple(depth for depth in r["depths"] if depth in FULL_ATTENTION_DEPTHS),
+                stretched_depths=FULL_ATTENTION_STRETCHED[part])
 
 
 def one_layer_optimum(setting: str, family: str, seed: int = 0) -> float:
@@ -707,17 +728,19 @@ def score(model, sampler, num_tasks: int, seed: int):
 
 
 def tuned_baselines(sampler, num_steps: int, tune_tasks: int, score_tasks: int, seed: int = 0,
-                    stretched_steps=()) -> dict:
+                    stretched_steps=(), stretched_tune_tasks: Optional[int] = None) -> dict:
     """CG, GD with one tuned step size per step, and heavy-ball momentum and Nesterov with one tuned
     ``(eta, mu)``, each run for k = 1..``num_steps`` steps on every task's own context.
 
     Tuned for every k separately (L-BFGS on the exact loss of ``tune_tasks`` tasks), then scored on
     ``score_tasks`` other fresh tasks; for k in ``stretched_steps`` both samples are drawn as
-    :func:`stretched_tasks` and weighted back, as the models of as many layers are.  Returns ``{method: {"mean":
+    :func:`stretched_tasks` and weighted back, as the models of as many layers are, and tuned on
+    ``stretched_tune_tasks`` of them (default ``tune_tasks``).  Returns ``{method: {"mean":
     (K,), "stderr": (K,), "parameters": [per k]}}`` with the methods of ``BASELINES``.
     """
     plain = sampler.sample(tune_tasks, seed=11 + seed)
-    wide = stretched_tasks(sampler).sample(tune_tasks, seed=11 + seed) if stretched_steps else None
+    wide = stretched_tasks(sampler).sample(stretched_tune_tasks or tune_tasks, seed=11 + seed) if stretched_steps \
+        else None
     steps = range(1, num_steps + 1)
     samples = [wide if k in stretched_steps else plain for k in steps]
     tuned = {"CG": [None for _ in steps],
@@ -784,12 +807,14 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
                "baselines": {}}
     if resume and path.exists():
         done = load_experiments(path)
-        free = ("depths", "stretched_depths", "stretched_num_steps")   # resuming trains the depths these change
+        # resuming trains the depths these change, and tunes the baselines again
+        free = ("depths", "stretched_depths", "stretched_num_steps", "stretched_tune_tasks")
         if {k: v for k, v in done["recipe"].items() if k not in free} != {k: v for k, v in r.items() if k not in free}:
             raise ValueError(f"{path} was made with another recipe; pass resume=False (or another path) to start over")
         results["models"], results["baselines"] = done["models"], done["baselines"]
-        if tuple(done["recipe"].get("stretched_depths", ())) != tuple(r.get("stretched_depths", ())):
-            results["baselines"] = {}   # their stretched steps changed: tuned and scored again (seconds)
+        if tuple(done["recipe"].get("stretched_depths", ())) != tuple(r.get("stretched_depths", ())) or \
+                done["recipe"].get("stretched_tune_tasks") != r.get("stretched_tune_tasks"):
+            results["baselines"] = {}   # their stretched steps or tasks changed: tuned and scored again (minutes)
         for setting in SETTINGS:   # a family the file predates is trained now
             for family in MODELS:
                 results["models"].setdefault(setting, {}).setdefault(family, {})
@@ -810,7 +835,8 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
             start = time.perf_counter()
             results["baselines"][setting] = tuned_baselines(
                 paper_tasks(setting), max(r["depths"]), r["tune_tasks"], r["baseline_tasks"],
-                stretched_steps=tuple(depth for depth in r["depths"] if stretched(depth, r)))
+                stretched_steps=tuple(depth for depth in r["depths"] if stretched(depth, r)),
+                stretched_tune_tasks=r.get("stretched_tune_tasks"))
             results["seconds"] = {**results.get("seconds", {}), f"baselines {setting}": time.perf_counter() - start}
             torch.save(results, path)
             print(f"baselines {setting}: {time.perf_counter() - start:.0f} s", flush=True)
@@ -841,23 +867,28 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
                   for s in SETTINGS]
         print(f"{family}: rotated {[f'{v:.3g}' for v in finals[0]]}, isotropic {[f'{v:.3g}' for v in finals[1]]}, "
               f"{time.perf_counter() - start:.0f} s", flush=True)
-    longer = dict(r, num_steps=FULL_ATTENTION_STEPS if r is RECIPE or r == RECIPE else r["num_steps"],
-                  depths=tuple(depth for depth in r["depths"] if depth in FULL_ATTENTION_DEPTHS))
     for part, (family, keys) in FULL_ATTENTION.items():
-        if part in results and results.get("full_attention_steps") == longer["num_steps"]:
+        longer = full_attention_recipe(part, FULL_ATTENTION_STEPS if r is RECIPE or r == RECIPE else r["num_steps"], r)
+        done = results.get(part, {}) if results.get("full_attention_steps") == longer["num_steps"] else {}
+        # a depth is trained (again) when the file lacks it or trained it on other tasks than the part's recipe says
+        stale = tuple(depth for depth in longer["depths"] if any(
+            depth not in done.get(key, {}) or done[key][depth].get("stretched", False) != stretched(depth, longer)
+            for key in keys))
+        if not stale:
             continue
-        start = time.perf_counter()
+        start, again = time.perf_counter(), dict(longer, depths=stale)
         if part == "heads":     # the rotated data only, as the paper's figure
-            runs = {heads: _trained_and_scored(family, samplers[:len(seeds)], seeds, longer, 1, "full", heads,
+            runs = {heads: _trained_and_scored(family, samplers[:len(seeds)], seeds, again, 1, "full", heads,
                                                device)[0] for heads in keys}
         else:
-            runs = dict(zip(keys, _trained_and_scored(family, samplers, seeds, longer, len(SETTINGS), "full",
+            runs = dict(zip(keys, _trained_and_scored(family, samplers, seeds, again, len(SETTINGS), "full",
                                                       device=device)))
-        results[part], results["full_attention_steps"] = runs, longer["num_steps"]
-        results["seconds"] = {**results.get("seconds", {}), part: time.perf_counter() - start}
+        results[part] = {key: {**done.get(key, {}), **runs[key]} for key in keys}
+        results["full_attention_steps"] = longer["num_steps"]
+        name = part if stale == longer["depths"] else f"{part}, {', '.join(map(str, stale))} layers"
+        results["seconds"] = {**results.get("seconds", {}), name: time.perf_counter() - start}
         torch.save(results, path)
-        finals = {key: [round(runs[key][depth]["mean"][:, -1].mean().item(), 4) for depth in r["depths"]]
-                  for key in keys}
+        finals = {key: [round(runs[key][depth]["mean"][:, -1].mean().item(), 4) for depth in stale] for key in keys}
         print(f"{part}: {finals}, {time.perf_counter() - start:.0f} s", flush=True)
     return results
 

@@ -27,6 +27,8 @@ were trained longer on the development CPU, 2 processes side by side, and merged
     python research/full_attention_gpu.py score trained_24000.pt
 
 ``--parts`` and ``--depths`` train some groups only; ``score`` merges each (part, key, depth) at its length).
+The depths of ``memformer.FULL_ATTENTION_STRETCHED`` (the quasi-Newton LFOM's 4 layers) train on stretched batches
+and are scored on stretched tasks, as ``run_experiments`` does; a file's runs say which (``"stretched"``).
 ``score`` scores every model on fresh tasks on the CPU in float64 (as ``run_experiments`` does) and writes into
 ``icl_course/pretrained/ch5_memformers.pt`` the longest training that covers every group (``results["heads"]``,
 ``results["quasi_newton"]``, ``full_attention_steps``) and every other one beside it
@@ -56,7 +58,7 @@ def train_group(part: str, key, depth: int, steps: int, device: str) -> dict:
     family, keys = memformer.FULL_ATTENTION[part]
     seeds = list(memformer.RECIPE["seeds"])
     samplers = memformer._samplers(seeds)
-    recipe = dict(memformer.RECIPE, num_steps=steps, depths=(depth,))
+    recipe = memformer.full_attention_recipe(part, steps, dict(memformer.RECIPE, depths=(depth,)))
     start = time.perf_counter()
     if part == "heads":
         groups = memformer._trained(family, samplers[:len(seeds)], seeds, recipe, 1, "full", key, device)
@@ -128,7 +130,7 @@ def train(steps: int, device: str, out: pathlib.Path, processes: int, groups=Non
                     print(f"{part} {key} depth {depth}, {length} steps: {result['seconds']:.0f} s, last curve "
                           f"{[round(v, 5) for v in run['curve'][:, -1].tolist()]}", flush=True)
             torch.save(trained, out)
-    trained["total_seconds"] = time.perf_counter() - begin
+    trained["total_seconds"], trained["processes"] = time.perf_counter() - begin, processes
     torch.save(trained, out)
     print(f"done in {trained['total_seconds']:.0f} s", flush=True)
 
@@ -161,8 +163,17 @@ def _command(trained: dict) -> str:
     depths = sorted({depth for part in parts for runs in trained[trained["steps"]][part].values() for depth in runs})
     narrowed = ("" if parts == sorted(memformer.FULL_ATTENTION) else " --parts " + " ".join(parts)) + \
         ("" if depths == sorted({depth for _, _, depth in GROUPS}) else " --depths " + " ".join(map(str, depths)))
-    return (f"python research/full_attention_gpu.py train --device {trained['device']} --steps {trained['steps']}"
-            f"{narrowed} --out trained_{trained['steps']}.pt")
+    processes = f" --processes {trained['processes']}" if trained.get("processes", len(GROUPS)) != len(GROUPS) else ""
+    return (f"python research/full_attention_gpu.py train --device {trained['device']}{processes} --steps "
+            f"{trained['steps']}{narrowed} --out trained_{trained['steps']}.pt")
+
+
+def _side_by_side(trained: dict) -> str:
+    """How a ``train`` file's groups ran (files made before it was recorded ran one process per group)."""
+    processes = trained.get("processes")
+    if processes == 1:
+        return "one process, one group after another"
+    return f"{processes} processes side by side" if processes else "one process per depth and length side by side"
 
 
 def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
@@ -184,7 +195,9 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
                 for key, runs in trained[length].get(part, {}).items():
                     group = {depth: runs[depth] for depth in sorted(runs)}
                     index = 0 if part == "heads" else keys.index(key)
-                    memformer._scored([{}] * index + [group], family, samplers, seeds, memformer.RECIPE, "full",
+                    recipe = dict(memformer.RECIPE, stretched_depths=tuple(   # as each depth was trained
+                        depth for depth, run in group.items() if run.get("stretched", False)))
+                    memformer._scored([{}] * index + [group], family, samplers, seeds, recipe, "full",
                                       key if part == "heads" else 1)
                     print(f"{part} {key}, {length} steps, depths {list(group)}: "
                           f"{[round(group[d]['mean'][:, -1].mean().item(), 6) for d in group]}", flush=True)
@@ -208,14 +221,15 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
     for part in memformer.FULL_ATTENTION:   # the CPU's time for the parts replaced; their own is in "redone"
         results.get("seconds", {}).pop(part, None)
     where = "; ".join(f"--steps {file['steps']}: {file['total_seconds']:.0f} s on "
-                      f"{file.get('device_name', file['device'])} (torch {file['torch']})" for file in files)
+                      f"{file.get('device_name', file['device'])} (torch {file['torch']}), {_side_by_side(file)}"
+                      for file in files)
     results["redone"] = results.get("redone", []) + [{
         "command": " && ".join(_command(trained) for trained in files)
         + " && python research/full_attention_gpu.py score "
         + " ".join(f"trained_{trained['steps']}.pt" for trained in files),
         "parts": sorted({part for parts in scored.values() for part in parts}),
         "seconds": sum(trained["total_seconds"] for trained in files) + time.perf_counter() - begin,
-        "where": f"trained with one process per depth and length side by side ({where}); scored on a 2-core CPU "
+        "where": f"trained ({where}); scored on a 2-core CPU "
                  f"({time.perf_counter() - begin:.0f} s)"}]
     torch.save(results, results_path)
     print(f"wrote {results_path}", flush=True)

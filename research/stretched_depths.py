@@ -107,7 +107,12 @@ if __name__ == "__main__":
     parser.add_argument("--stretched", action="store_true", help="train: on stretched batches (default: plain)")
     parser.add_argument("--full", action="store_true", help="train: every entry of P and Q (the quasi-Newton LFOM)")
     parser.add_argument("--depths", type=int, nargs="+", default=[5, 6], help="train: the depths")
+    parser.add_argument("--learning-rate", type=float, default=memformer.RECIPE["learning_rate"],
+                        help="train: Adam's peak rate (default: the recipe's)")
     arguments = parser.parse_args()
+    if arguments.what == "lfom-lengths" and arguments.depth not in memformer.FULL_ATTENTION_DEPTHS:
+        parser.error(f"lfom-lengths scores the quasi-Newton LFOM, which the file holds at depths "
+                     f"{', '.join(map(str, memformer.FULL_ATTENTION_DEPTHS))} only; got --depth {arguments.depth}")
     torch.set_num_threads(1)
     begin = time.perf_counter()
     if arguments.what == "score":
@@ -121,8 +126,11 @@ if __name__ == "__main__":
                   f"{_line(values)}", flush=True)
     else:
         trained = train_and_score(arguments.family, arguments.setting, arguments.steps, arguments.stretched,
-                                  arguments.tasks, arguments.depths, attention="full" if arguments.full else None)
+                                  arguments.tasks, arguments.depths,
+                                  dict(memformer.RECIPE, learning_rate=arguments.learning_rate),
+                                  attention="full" if arguments.full else None)
         for depth, values in trained.items():
             print(f"{arguments.family}, {arguments.setting}, {depth} layers, {arguments.steps} steps on "
-                  f"{'stretched' if arguments.stretched else 'plain'} batches: {_line(values)}", flush=True)
+                  f"{'stretched' if arguments.stretched else 'plain'} batches at rate {arguments.learning_rate:g}: "
+                  f"{_line(values)}", flush=True)
     print(f"{time.perf_counter() - begin:.0f} s", flush=True)

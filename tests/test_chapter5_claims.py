@@ -10,10 +10,6 @@ import torch
 from icl_course import memformer
 
 PAPER_DEPTHS = 4   # the depths of the paper's figures; from 5 layers on CG is exact
-# the trained models that fail the convergence checks (chapter 5, section 6): on rotated data at 6 layers the
-# preconditioned families end above the isotropic loss they can reach, the linear transformer's seeds far apart
-UNCONVERGED = {("linear transformer", "rotated", 6)}
-SHORT_OF_ISOTROPIC = 6
 PRECONDITIONED = ("linear transformer", "CGD-like + A_l", "LFOM (tied gates)", "LFOM (per-layer gates)")
 
 
@@ -40,20 +36,15 @@ def test_families_with_a_preconditioner_lose_the_same_on_rotated_and_isotropic_d
     for family in PRECONDITIONED:
         rotated, isotropic = (memformer.final_losses(results, s, family)[0].mean(0) for s in memformer.SETTINGS)
         shift = (rotated / isotropic).tolist()
-        for depth, ratio in zip(results["recipe"]["depths"], shift):
-            if depth < SHORT_OF_ISOTROPIC:
-                assert abs(ratio - 1) < 0.05, (family, depth, ratio)
-            else:   # 3-8% above, the linear transformer (trained in its factored form) by a fifth and more
-                assert (ratio > 1.2) if family == "linear transformer" else (1.03 < ratio < 1.08), (family, ratio)
+        for depth, ratio in zip(results["recipe"]["depths"], shift):   # 6 layers too, after 8 000 stretched steps
+            assert abs(ratio - 1) < 0.05, (family, depth, ratio)
 
 
 def test_seeds_agree_and_training_curves_are_flat(results):
     for setting in memformer.SETTINGS:
         for family in memformer.MODELS:
             means, errors = memformer.final_losses(results, setting, family)
-            agree = (means.max(0).values / means.min(0).values < 1.08).tolist()
-            for depth, agrees in zip(results["recipe"]["depths"], agree):
-                assert agrees == ((family, setting, depth) not in UNCONVERGED), (setting, family, depth)
+            assert (means.max(0).values / means.min(0).values < 1.05).all(), (setting, family)
             for depth, run in results["models"][setting][family].items():
                 late = (run["curve"][:, -6] - run["curve"][:, -1]) / run["curve"][:, -1]
                 assert depth > PAPER_DEPTHS or (late.abs() < 0.15).all(), (setting, family, depth)
@@ -84,8 +75,9 @@ def test_the_pinned_numbers(results):
 
 def test_cg_is_exact_from_d_steps_on_and_no_trained_model_is(results):
     """Section 7 at 5 and 6 layers: CG has run d = 5 steps, its loss is rounding; the trained models are far above.
-    Those depths trained 4 000 steps on stretched tasks and were scored on them, with standard errors of a few
-    percent (section 6)."""
+    Those depths trained 8 000 steps on stretched tasks and were scored on them, with standard errors of a few
+    percent (section 6); the baselines of as many steps, tuned on 200 000 stretched tasks, match the models that
+    contain them."""
     assert results["recipe"]["depths"] == (1, 2, 3, 4, 5, 6)
     for setting in memformer.SETTINGS:
         assert results["baselines"][setting]["CG"]["mean"][4:].max() < 1e-20
@@ -96,9 +88,17 @@ def test_cg_is_exact_from_d_steps_on_and_no_trained_model_is(results):
             for depth, run in results["models"][setting][family].items():
                 # (a run from before the recipe had stretched depths has neither key: plain, 2 000 steps)
                 assert run.get("stretched", False) == (depth >= 5), (setting, family, depth)
-                assert run.get("num_steps", 2000) == (4000 if depth >= 5 else 2000), (setting, family, depth)
+                assert run.get("num_steps", 2000) == (8000 if depth >= 5 else 2000), (setting, family, depth)
             means, errors = memformer.final_losses(results, setting, family)
-            assert (errors[:, 4:] < 0.08 * means[:, 4:]).all(), (setting, family)
+            assert (errors[:, 4:] < 0.03 * means[:, 4:]).all(), (setting, family)
+    # tuned GD holds the best polynomial of 5 and 6 steps in Sigma, which the scalar CGD-like model computes too:
+    # tuned on enough stretched tasks, the two end level (tuned on 10 000, GD was 4-11% above on isotropic data)
+    for setting in memformer.SETTINGS:
+        gd = results["baselines"][setting]["GD (tuned steps)"]
+        scalar = memformer.final_losses(results, setting, "CGD-like (scalars)")[0].mean(0)
+        assert ((scalar[4:] / gd["mean"][4:] - 1).abs() < 0.03).all(), setting
+    torch.testing.assert_close(results["baselines"]["isotropic"]["GD (tuned steps)"]["mean"][4:],
+                               torch.tensor([0.01246, 0.00595], dtype=torch.float64), rtol=0.03, atol=0)
 
 
 def test_models_with_every_entry_of_p_and_q_trained(results):

@@ -1,5 +1,8 @@
 """Memformers (Dutta et al. 2024) and the momentum baselines, in float64."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -366,6 +369,74 @@ def test_stretched_depths_train_and_score_on_weighted_tasks_and_a_resume_trains_
     assert memformer.training_steps(1, tiny) == 3
     late = memformer.late_fall(again["models"]["rotated"]["CGD-like + A_l"])      # each depth over its own curve
     assert late.shape == (1, 2) and late.isfinite().all()
+    # more tuning tasks for the stretched steps: the baselines are tuned again, those of one step to the bit
+    more = memformer.run_experiments(path, recipe=dict(tiny, stretched_depths=(2,), stretched_tune_tasks=400))
+    for setting in memformer.SETTINGS:
+        for family in memformer.MODELS:
+            assert torch.equal(more["models"][setting][family][2]["mean"], again["models"][setting][family][2]["mean"])
+        for method in memformer.BASELINES[1:]:
+            before, after = again["baselines"][setting][method], more["baselines"][setting][method]
+            assert before["mean"][0] == after["mean"][0] and before["mean"][1] != after["mean"][1], method
+
+
+def test_full_attention_depths_train_stretched_where_the_part_says_and_a_resume_trains_only_those(tmp_path,
+                                                                                                  monkeypatch):
+    """``FULL_ATTENTION_STRETCHED``: those depths of a full-attention part train on stretched batches and are scored
+    on stretched tasks; a file whose part was trained otherwise trains again only those depths, and the GPU script
+    trains and scores them the same way."""
+    import importlib.util
+    import pathlib
+
+    from icl_course import memformer
+
+    tiny = dict(memformer.RECIPE, depths=(1, 2), seeds=(0,), num_steps=3, batch_size=16, curve_every=3,
+                curve_tasks=50, eval_tasks=500, shallow_eval_tasks=300, tune_tasks=100, baseline_tasks=300)
+    recipe = memformer.full_attention_recipe("quasi_newton", 12, tiny)
+    assert recipe["num_steps"] == recipe["stretched_num_steps"] == 12 and recipe["depths"] == (1, 2)
+    assert memformer.full_attention_recipe("quasi_newton")["stretched_depths"] == (4,)
+    with pytest.raises(ValueError, match="unknown part 'head'"):
+        memformer.full_attention_recipe("head")
+    path = tmp_path / "experiments.pt"
+    first = memformer.run_experiments(path, recipe=tiny)
+    assert not any(run["stretched"] for runs in first["quasi_newton"].values() for run in runs.values())
+    monkeypatch.setattr(memformer, "FULL_ATTENTION_STRETCHED", {"heads": (), "quasi_newton": (2,)})
+    trained = []
+    original = memformer.train_models
+
+    def recording(family, depths, *args, **kwargs):
+        trained.append((family, tuple(depths), kwargs.get("attention"), kwargs.get("stretched")))
+        return original(family, depths, *args, **kwargs)
+    monkeypatch.setattr(memformer, "train_models", recording)
+    again = memformer.run_experiments(path, recipe=tiny)
+    assert trained == [("LFOM (tied gates)", (2,), "full", True)]       # that depth of that part, nothing else
+    for setting in memformer.SETTINGS:
+        one, two = (again["quasi_newton"][setting][depth] for depth in (1, 2))
+        assert torch.equal(one["mean"], first["quasi_newton"][setting][1]["mean"]) and not one["stretched"]
+        assert two["stretched"] and not torch.equal(two["mean"], first["quasi_newton"][setting][2]["mean"])
+    assert torch.equal(again["heads"][5][2]["mean"], first["heads"][5][2]["mean"])
+    assert "quasi_newton, 2 layers" in again["seconds"]
+    trained.clear()
+    memformer.run_experiments(path, recipe=tiny)                       # nothing left to train
+    assert trained == []
+    # the GPU script: the same stretched models, scored on stretched tasks
+    script_path = pathlib.Path(__file__).resolve().parents[1] / "research" / "full_attention_gpu.py"
+    spec = importlib.util.spec_from_file_location("full_attention_gpu", script_path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(memformer, "RECIPE", tiny)
+    monkeypatch.setattr(script, "GROUPS", [("quasi_newton", None, 2)])
+    alone = script.train_group("quasi_newton", None, 2, 3, "cpu")["runs"]["isotropic"][2]
+    assert alone["stretched"] and all(torch.equal(alone["weights"][key], value)
+                                      for key, value in again["quasi_newton"]["isotropic"][2]["weights"].items())
+    script.train(4, "cpu", tmp_path / "trained_4.pt", processes=1)
+    monkeypatch.setattr(memformer, "load_experiments", lambda path: torch.load(path, weights_only=True))
+    script.score([tmp_path / "trained_4.pt"], path)
+    scored = torch.load(path, weights_only=True)["full_attention_lengths"][4]["quasi_newton"]["isotropic"][2]
+    model = memformer.build("LFOM (tied gates)", 2, attention="full")
+    model.load_state_dict(memformer.unstack(scored["weights"], 0))
+    sampler = memformer.stretched_tasks(memformer._samplers([0])[1])
+    mean, stderr = memformer.score(model, sampler, memformer.eval_count(2, tiny), seed=7_000 + 2)
+    assert torch.equal(scored["mean"][0], mean) and torch.equal(scored["stderr"][0], stderr)
 
 
 def test_missing_damaged_or_foreign_results_and_unknown_models_get_clear_messages(tmp_path):
@@ -469,7 +540,13 @@ def test_the_stretched_depths_script_scores_and_trains_both_ways():
     plain = script.train_and_score("CGD-like (scalars)", "rotated", 4, False, 300, depths=(2,), recipe=tiny)
     stretched = script.train_and_score("CGD-like (scalars)", "rotated", 4, True, 300, depths=(2,), recipe=tiny)
     assert len(plain[2]) == len(stretched[2]) == 3 and plain[2] != stretched[2]
-    assert "± " in script._line(plain[2])
+    assert script._line([(0.5, 0.01), (2e-4, 1e-5)]) == "0.5 ± 2.0%, 0.0002 ± 5.0%"   # the research notes' format
+    faster = script.train_and_score("CGD-like (scalars)", "rotated", 4, False, 300, depths=(2,),
+                                    recipe=dict(tiny, learning_rate=0.2))
+    assert faster[2] != plain[2]                                     # --learning-rate reaches the training
+    refused = subprocess.run([sys.executable, str(path), "lfom-lengths", "--depth", "5"], capture_output=True,
+                             text=True)
+    assert refused.returncode == 2 and "depths 1, 2, 3, 4 only" in refused.stderr and "Traceback" not in refused.stderr
     lengths = script.score_lengths("isotropic", 1, tasks=200)      # the quasi-Newton LFOM at every training length
     assert sorted(lengths) == [1500, 3000, 6000, 12000] and all(len(values) == 3 for values in lengths.values())
     full = script.train_and_score("LFOM (tied gates)", "rotated", 2, True, 200, depths=(1,), recipe=tiny,
