@@ -102,15 +102,19 @@ def _pool(processes: int):
     return _InProcess() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes)
 
 
-def chosen_groups(parts=None, depths=None) -> list:
-    """The groups of ``GROUPS`` in ``parts`` (names of ``memformer.FULL_ATTENTION``) and ``depths`` (None: all)."""
+def chosen_groups(parts=None, depths=None, heads=None) -> list:
+    """The groups of ``GROUPS`` in ``parts`` (names of ``memformer.FULL_ATTENTION``), ``depths`` and, for the heads
+    part, ``heads`` (numbers of heads; None: all)."""
     unknown = set(parts or ()) - set(memformer.FULL_ATTENTION)
     if unknown:
         raise SystemExit(f"unknown part {sorted(unknown)}: choose among {list(memformer.FULL_ATTENTION)}")
     if set(depths or ()) - set(DEPTHS):
         raise SystemExit(f"depths must be among {DEPTHS}; got {depths}")
+    if set(heads or ()) - set(memformer.FULL_ATTENTION["heads"][1]):
+        raise SystemExit(f"heads must be among {memformer.FULL_ATTENTION['heads'][1]}; got {heads}")
     return [(part, key, depth) for part, key, depth in GROUPS
-            if (not parts or part in parts) and (not depths or depth in depths)]
+            if (not parts or part in parts) and (not depths or depth in depths)
+            and (part != "heads" or not heads or key in heads)]
 
 
 def train(steps: int, device: str, out: pathlib.Path, processes: int, groups=None) -> None:
@@ -161,8 +165,10 @@ def _command(trained: dict) -> str:
     """The ``train`` command that made one file (its parts and depths read from what it holds)."""
     parts = sorted(trained[trained["steps"]])
     depths = sorted({depth for part in parts for runs in trained[trained["steps"]][part].values() for depth in runs})
+    heads = sorted(trained[trained["steps"]].get("heads", {}))
     narrowed = ("" if parts == sorted(memformer.FULL_ATTENTION) else " --parts " + " ".join(parts)) + \
-        ("" if depths == sorted({depth for _, _, depth in GROUPS}) else " --depths " + " ".join(map(str, depths)))
+        ("" if depths == sorted({depth for _, _, depth in GROUPS}) else " --depths " + " ".join(map(str, depths))) + \
+        ("" if heads in ([], list(memformer.FULL_ATTENTION["heads"][1])) else " --heads " + " ".join(map(str, heads)))
     processes = f" --processes {trained['processes']}" if trained.get("processes", len(GROUPS)) != len(GROUPS) else ""
     return (f"python research/full_attention_gpu.py train --device {trained['device']}{processes} --steps "
             f"{trained['steps']}{narrowed} --out trained_{trained['steps']}.pt")
@@ -246,6 +252,8 @@ if __name__ == "__main__":
     parser.add_argument("--processes", type=int, default=len(GROUPS))
     parser.add_argument("--parts", nargs="*", default=None, help="train: only these parts (default: both)")
     parser.add_argument("--depths", nargs="*", type=int, default=None, help="train: only these depths (default: 1-4)")
+    parser.add_argument("--heads", nargs="*", type=int, default=None,
+                        help="train: of the heads part, only these numbers of heads (default: 1 and 5)")
     parser.add_argument("--out", default="full_attention_trained.pt")
     parser.add_argument("--results", default=str(memformer.PRETRAINED))
     arguments = parser.parse_args()
@@ -259,7 +267,7 @@ if __name__ == "__main__":
             if arguments.steps < 2000:
                 raise SystemExit("fewer than 2 000 steps fit: give more --seconds")
         train(arguments.steps, arguments.device, pathlib.Path(arguments.out), arguments.processes,
-              chosen_groups(arguments.parts, arguments.depths))
+              chosen_groups(arguments.parts, arguments.depths, arguments.heads))
     else:
         if not arguments.paths:
             parser.error("score needs the files that `train` wrote")

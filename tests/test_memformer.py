@@ -518,6 +518,13 @@ def test_the_gpu_script_trains_each_depth_as_the_experiment_does_and_scores_ever
     assert "--steps 16 --parts heads --depths 2" in results["redone"][-1]["command"]
     with pytest.raises(SystemExit, match="unknown part"):
         script.chosen_groups(["head"], None)
+    assert script.chosen_groups(["heads"], [2], [5]) == [("heads", 5, 2)]       # one number of heads only
+    assert script.chosen_groups(None, [2], [5]) == [("heads", 5, 2), ("quasi_newton", None, 2)]
+    with pytest.raises(SystemExit, match=r"heads must be among \(1, 5\)"):
+        script.chosen_groups(["heads"], None, [3])
+    one_key = {"steps": 16, "device": "cpu", "processes": 2, 16: {"heads": {5: {2: {}}}}}
+    assert script._command(one_key).endswith("--processes 2 --steps 16 --parts heads --depths 2 --heads 5 "
+                                             "--out trained_16.pt")
 
 
 def test_the_stretched_depths_script_scores_and_trains_both_ways():
