@@ -25,8 +25,20 @@ were trained longer on the development CPU, 2 processes side by side, and merged
     python research/full_attention_gpu.py train --device cpu --processes 2 --steps 24000 --parts heads --depths 3 \
         --out trained_24000.pt                       # 1 452 s; scoring 87 s
     python research/full_attention_gpu.py score trained_24000.pt
+    python research/full_attention_gpu.py train --device cpu --processes 2 --steps 48000 --parts heads --depths 3 \
+        --heads 5 --out trained_48000.pt             # 1 409 s; scoring 52 s
+    python research/full_attention_gpu.py score trained_48000.pt
 
-``--parts`` and ``--depths`` train some groups only; ``score`` merges each (part, key, depth) at its length).
+and the 4-layer quasi-Newton LFOM again on stretched batches (``FULL_ATTENTION_STRETCHED``), one process:
+
+    python research/full_attention_gpu.py train --device cpu --processes 1 --steps 12000 --parts quasi_newton \
+        --depths 4 --out trained_12000.pt           # 1 322 s
+    python research/full_attention_gpu.py train --device cpu --processes 1 --steps 3000 --parts quasi_newton \
+        --depths 4 --out trained_3000.pt            # 334 s
+    python research/full_attention_gpu.py score trained_12000.pt trained_3000.pt   # 261 s
+
+``--parts``, ``--depths`` and ``--heads`` train some groups only; ``score`` merges each (part, key, depth) at its
+length).
 The depths of ``memformer.FULL_ATTENTION_STRETCHED`` (the quasi-Newton LFOM's 4 layers) train on stretched batches
 and are scored on stretched tasks, as ``run_experiments`` does; a file's runs say which (``"stretched"``).
 ``score`` scores every model on fresh tasks on the CPU in float64 (as ``run_experiments`` does) and writes into
