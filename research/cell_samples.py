@@ -59,9 +59,12 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=12_345, help="sample i draws with seed + i")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    row = next((row for row in load_results(args.run)
+                if (row["variant"], row["depth"], row["column"]) == (args.variant, args.depth, args.column)), None)
+    if row is None:
+        parser.error(f"the run {args.run!r} has no cell {VARIANTS[args.variant]} at {args.depth} layers in column "
+                     f"{args.column}; give a --depth it trained")
     model = load_table1_model(args.variant, args.depth, args.column, args.run).double()
-    row = next(row for row in load_results(args.run)
-               if (row["variant"], row["depth"], row["column"]) == (args.variant, args.depth, args.column))
     started = time.perf_counter()
     scores = other_samples(model, args.column, args.samples, args.tasks, args.chunk_size, args.seed)
     print(f"{VARIANTS[args.variant]} {args.depth} layers, column {args.column} (adjusted loss, {args.tasks} tasks "

@@ -940,6 +940,9 @@ def test_the_cell_samples_script_scores_the_selected_model_on_other_samples(caps
     expected = adjusted_losses({"model": model}, sampler, 2000, 1000, seed=6)["model"]
     assert lines[3].split()[4] == f"{expected.mean:.4g}"
     assert lines[2].split()[4] != lines[3].split()[4]                  # other samples, other means
+    with pytest.raises(SystemExit) as refused:                          # a cell the run lacks: said in words
+        cell_samples.main(["--depth", "9", "--tasks", "10"])
+    assert refused.value.code == 2 and "has no cell Full at 9 layers in column 1" in capsys.readouterr().err
 
 
 def test_the_spike_restarts_script_trains_copies_of_a_deepened_model_with_and_without_restarts(capsys, monkeypatch):
