@@ -386,13 +386,15 @@ def stretch(Z: torch.Tensor, scales: Sequence[float], fraction: float,
     """The draws of :class:`StretchedTasks`: standard context inputs ``Z`` (B, n, d), float64, of which a share
     ``fraction`` of the tasks get one coordinate (uniform) scaled by a factor (uniform from ``scales``); returns
     the stretched inputs (B, n, d) and each task's ``importance_weight = p(Z) / q(Z)`` (B,), at most
-    ``1 / (1 - fraction)``.  The two draws from ``generator`` come after whatever it drew before."""
+    ``1 / (1 - fraction)``.  The two draws from ``generator`` (on ``Z``'s device) come after whatever it drew
+    before."""
     B, n, d = Z.shape
-    stretched = torch.rand(B, generator=generator) < fraction
-    component = torch.randint(0, len(scales) * d, (B,), generator=generator)
-    factors = torch.tensor(scales, dtype=torch.float64)
-    factor = torch.ones(B, d, dtype=torch.float64)
-    factor[torch.arange(B), component % d] = torch.where(stretched, factors[component // d], 1.0)
+    on = {"device": Z.device}   # the generator's device (a sweep draws on the GPU it trains on)
+    stretched = torch.rand(B, generator=generator, **on) < fraction
+    component = torch.randint(0, len(scales) * d, (B,), generator=generator, **on)
+    factors = torch.tensor(scales, dtype=torch.float64, **on)
+    factor = torch.ones(B, d, dtype=torch.float64, **on)
+    factor[torch.arange(B, **on), component % d] = torch.where(stretched, factors[component // d], 1.0)
     Z = Z * factor.unsqueeze(1)
     columns = (Z**2).sum(1)                                                           # ||Z e_k||^2, (B, d)
     log_ratios = (-n * torch.log(factors)[:, None, None]

@@ -45,7 +45,16 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from .checkpoints import CheckpointError
-from .data import CategoricalNoise, FixedNoise, NoiseDistribution, UniformNoise, as_noise
+from .data import (
+    STRETCH_FRACTION,
+    STRETCH_SCALES,
+    CategoricalNoise,
+    FixedNoise,
+    NoiseDistribution,
+    UniformNoise,
+    as_noise,
+    stretch,
+)
 from .models import LinearTransformer
 from .runtime import check_count, resolve_device, resolve_dtype
 from .trainer_core import SCHEDULES, AdamState, adam_step, schedule_factor, spiked
@@ -81,6 +90,10 @@ class ModelSpec:
         schedule: ``"cosine"`` (decay to ``final_fraction`` of the rate at ``num_steps``) or ``"constant"``.
         init: optional weights to start from (a :class:`LinearTransformer` of the sweep's shape),
             for example a deeper model initialised from a trained shallower one.
+        stretched: draw this model's context inputs as :class:`~icl_course.data.StretchedTasks` does (one
+            direction of half the tasks stretched or shrunk on purpose) and weight each task's loss back by its
+            ``importance_weight``: the same expected loss, but the rare ill-conditioned tasks that carry a deep
+            noiseless model's tail are in every batch.
     """
 
     name: str
@@ -91,6 +104,7 @@ class ModelSpec:
     warmup_steps: int = 0
     schedule: str = "cosine"
     init: Optional[LinearTransformer] = None
+    stretched: bool = False
 
     def __post_init__(self):
         self.noise = as_noise(self.noise)
@@ -107,7 +121,8 @@ class ModelSpec:
         return {"name": self.name, "noise": noise_key(self.noise), "seed": self.seed,
                 "num_steps": self.num_steps, "learning_rate": float(self.learning_rate),
                 "warmup_steps": self.warmup_steps, "schedule": self.schedule,
-                "init": None if self.init is None else "given"}
+                "init": None if self.init is None else "given",
+                **({"stretched": True} if self.stretched else {})}   # a plain model's key is the one it always had
 
 
 @dataclass
@@ -209,13 +224,17 @@ class ModelStack:
 class _TaskStream:
     """Fresh tasks for every model of the stack, each from its own noise law, drawn on the device."""
 
-    def __init__(self, noises: Sequence[NoiseDistribution], d: int, n: int, dtype, device, seed: int):
+    def __init__(self, noises: Sequence[NoiseDistribution], d: int, n: int, dtype, device, seed: int,
+                 stretched: Sequence[bool] = ()):
         self.d, self.n, self.dtype, self.device = d, n, dtype, device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
-        self.set_noises(noises)
+        self.set_noises(noises, stretched)
 
-    def set_noises(self, noises: Sequence[NoiseDistribution]) -> None:
+    def set_noises(self, noises: Sequence[NoiseDistribution], stretched: Sequence[bool] = ()) -> None:
+        """The active models' noise laws, and which of them draw stretched inputs (none by default)."""
+        self.stretched = torch.tensor([bool(flag) for flag in stretched] or [False] * len(noises),
+                                      dtype=torch.bool, device=self.device)
         width = max((len(noise.levels) if isinstance(noise, CategoricalNoise) else 1) for noise in noises)
         table, counts, uniform = [], [], []
         for noise in noises:
@@ -233,7 +252,8 @@ class _TaskStream:
         self.uniform = torch.tensor(uniform, device=self.device)
 
     def sample(self, batch_size: int):
-        """(gram (M, B, D, D), w (M, B, d)) for every model."""
+        """(gram (M, B, D, D), w (M, B, d), weight (M, B)) for every model: a plain model's tasks weigh 1, a
+        stretched one's their importance weights (:func:`~icl_course.data.stretch`)."""
         M, B, n, d = self.table.shape[0], batch_size, self.n, self.d
         options = {"generator": self.generator, "dtype": self.dtype, "device": self.device}
         u = torch.rand(M, B, **options)
@@ -242,9 +262,16 @@ class _TaskStream:
         sigma = torch.where(self.uniform[:, None], u * self.table[:, :1], categorical)
         w = torch.randn(M, B, d, **options)
         X = torch.randn(M, B, n, d, **options)
+        weight = torch.ones(M, B, dtype=self.dtype, device=self.device)
+        if bool(self.stretched.any()):   # a stack without stretched models draws exactly what it always drew
+            rows = self.stretched.nonzero().squeeze(-1)
+            inputs, importance = stretch(X[rows].reshape(-1, n, d).double(), STRETCH_SCALES, STRETCH_FRACTION,
+                                         self.generator)
+            X = X.index_copy(0, rows, inputs.reshape(len(rows), B, n, d).to(self.dtype))
+            weight = weight.index_copy(0, rows, importance.reshape(len(rows), B).to(self.dtype))
         y = (X @ w.unsqueeze(-1)).squeeze(-1) + sigma.unsqueeze(-1) * torch.randn(M, B, n, **options)
         tokens = torch.cat([X, y.unsqueeze(-1)], dim=-1)
-        return tokens.transpose(-1, -2) @ tokens, w
+        return tokens.transpose(-1, -2) @ tokens, w, weight
 
 
 def _atomic_save(payload: dict, path: Path) -> None:
@@ -351,8 +378,8 @@ class _SweepState:
         step_now = self.steps[torch.tensor(self.active, dtype=torch.long)].to(device=device, dtype=torch.float64)
         rate = self.base_rate * self.rate_factor * schedule_factor(step_now, self.total_steps, self.warmup,
                                                                    self.cosine, final_fraction)
-        gram, w = self.stream.sample(batch_size)
-        per_model = 0.5 * ((stack.final_weights(gram) - w) ** 2).sum(-1).mean(-1)            # (M,)
+        gram, w, weight = self.stream.sample(batch_size)
+        per_model = 0.5 * (weight * ((stack.final_weights(gram) - w) ** 2).sum(-1)).mean(-1)  # (M,)
         loss_values = per_model.detach().double()
         good = ~spiked(loss_values, torch.nanmedian(self.recent, dim=1).values, spike_factor)
         for value in stack.params.values():
@@ -439,7 +466,8 @@ class _SweepState:
         self.snapshot = {"params": {name: value[index] for name, value in shot["params"].items()},
                          "adam": shot["adam"].select(index), "recent": shot["recent"][index],
                          "step": shot["step"][index.cpu()]}
-        self.stream.set_noises([self.specs[i].noise for i in self.active])
+        self.stream.set_noises([self.specs[i].noise for i in self.active],
+                              [self.specs[i].stretched for i in self.active])
         self.refresh_schedule()
 
     def state_dict(self, configuration: dict) -> dict:
@@ -506,7 +534,8 @@ class _SweepState:
                                                shot["adam_steps"].to(device)),
                              "recent": shot["recent"].to(device), "step": shot["step"].clone()}
         self.elapsed_before = saved["elapsed"]
-        self.stream.set_noises([self.specs[i].noise for i in self.active])
+        self.stream.set_noises([self.specs[i].noise for i in self.active],
+                              [self.specs[i].stretched for i in self.active])
         self.stream.generator.set_state(saved["generator"])
         for name, entry in saved["results"].items():
             model = LinearTransformer(*shape, init_scale=0.0, seed=entry["seed"], dtype=torch.float64, device="cpu")
@@ -612,8 +641,9 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
                          final_fraction=final_fraction, spike_factor=spike_factor, patience=patience,
                          dtype=str(dtype), seed=seed, models=[spec.key() for spec in specs],
                          **({"restarts": restarts, "backoff": backoff} if restarts else {}))
-    state = _SweepState(specs, stack, _TaskStream([spec.noise for spec in specs], d, n, dtype, device, seed),
-                        median_window, backoff)
+    stream = _TaskStream([spec.noise for spec in specs], d, n, dtype, device, seed,
+                         [spec.stretched for spec in specs])
+    state = _SweepState(specs, stack, stream, median_window, backoff)
     path = None if checkpoint is None else Path(checkpoint)
     if path is not None and path.exists():
         state.load(_read_sweep_checkpoint(path, configuration), (d, num_layers, num_heads, parameterization))

@@ -24,7 +24,7 @@ def test_the_stack_computes_what_each_model_computes(variant):
 def test_each_model_draws_from_its_own_noise_law():
     stream = _TaskStream([UniformNoise(2), CategoricalNoise([1, 3]), UniformNoise(0)], 3, 40, torch.float64,
                          torch.device("cpu"), seed=0)
-    gram, w = stream.sample(4000)
+    gram, w, weight = stream.sample(4000)
     # the residual energy of least squares estimates sigma^2 (n - d) per task
     Sigma, alpha, energy = gram[..., :3, :3], gram[..., :3, 3], gram[..., 3, 3]
     explained = (alpha.unsqueeze(-2) @ torch.linalg.solve(Sigma, alpha.unsqueeze(-1))).flatten(-3)
@@ -33,6 +33,7 @@ def test_each_model_draws_from_its_own_noise_law():
     assert sigma_squared[1].mean() == pytest.approx(5.0, rel=0.05)         # (1 + 9) / 2
     assert sigma_squared[2].abs().max() < 1e-8
     assert w.shape == (3, 4000, 3)
+    assert torch.equal(weight, torch.ones(3, 4000, dtype=torch.float64))   # no model stretched: every task weighs 1
 
 
 def _specs(num_steps=(60, 40), rates=(1e-2, 1e-2)):
@@ -140,3 +141,53 @@ def test_bad_specs_get_clear_messages():
         ModelSpec("a", 1.0, learning_rate=0)
     with pytest.raises(ValueError, match="sweep trains"):
         train_sweep([ModelSpec("a", 1.0)], parameterization="gd", progress=False, device="cpu")
+
+
+def test_a_stack_without_stretched_models_draws_what_it_always_drew():
+    stream = _TaskStream([UniformNoise(2), UniformNoise(0)], 3, 8, torch.float64, torch.device("cpu"), seed=3)
+    gram, w, weight = stream.sample(50)
+    generator = torch.Generator().manual_seed(3)    # the draws, in their order, of a stream before stretching
+    u = torch.rand(2, 50, generator=generator, dtype=torch.float64)
+    expected_w = torch.randn(2, 50, 3, generator=generator, dtype=torch.float64)
+    X = torch.randn(2, 50, 8, 3, generator=generator, dtype=torch.float64)
+    sigma = u * torch.tensor([[2.0], [0.0]], dtype=torch.float64)
+    y = (X @ expected_w.unsqueeze(-1)).squeeze(-1) \
+        + sigma.unsqueeze(-1) * torch.randn(2, 50, 8, generator=generator, dtype=torch.float64)
+    tokens = torch.cat([X, y.unsqueeze(-1)], dim=-1)
+    assert torch.equal(w, expected_w) and torch.equal(gram, tokens.transpose(-1, -2) @ tokens)
+    assert torch.equal(weight, torch.ones_like(weight))
+
+
+def test_a_stretched_model_meets_rare_spectra_and_weights_them_back():
+    stream = _TaskStream([UniformNoise(0), UniformNoise(0)], 4, 10, torch.float64, torch.device("cpu"), seed=0,
+                         stretched=[False, True])
+    gram, w, weight = stream.sample(40_000)
+    smallest = torch.linalg.eigvalsh(gram[..., :4, :4])[..., 0]                  # (2, B)
+    rare = torch.quantile(smallest[0], 0.001)                                     # one plain task in a thousand
+    assert torch.equal(weight[0], torch.ones_like(weight[0]))
+    assert (smallest[1] < rare).double().mean() > 0.02                            # twenty times as often
+    assert 0 < weight[1].min() and weight[1].max() <= 2.0                         # at most 1 / (1 - fraction)
+    # weighted back, the stretched tasks have the plain law: E[weight] = 1 and the same mean smallest eigenvalue
+    assert abs(weight[1].mean() - 1) < 4 * weight[1].std() / 200
+    plain, weighted = smallest[0], weight[1] * smallest[1]
+    error = (plain.var() / 40_000 + weighted.var() / 40_000).sqrt()
+    assert abs(weighted.mean() - plain.mean()) < 4 * error
+    # the labels follow the stretched inputs: noiseless, y = X w exactly
+    alpha = gram[1, :, :4, 4]
+    assert torch.allclose(alpha, (gram[1, :, :4, :4] @ w[1].unsqueeze(-1)).squeeze(-1), rtol=1e-9, atol=1e-9)
+
+
+def test_a_stretched_model_resumes_exactly_and_a_plain_checkpoint_refuses_it(tmp_path):
+    options = dict(d=4, n=8, num_layers=2, batch_size=64, device="cpu", log_every=5, checkpoint_every=10)
+
+    def specs(stretched=True):
+        return [ModelSpec("plain", 0.0, seed=0, num_steps=40, learning_rate=1e-2),
+                ModelSpec("stretched", 0.0, seed=0, num_steps=40, learning_rate=1e-2, stretched=stretched)]
+    assert "stretched" not in specs()[0].key() and specs()[1].key()["stretched"] is True
+    reference = train_sweep(specs(), progress=False, **options)
+    assert all(result.status == "finished" for result in reference.values())
+    _stop_at_step_25(specs(), tmp_path / "sweep.pt", options)
+    _assert_same_models(train_sweep(specs(), checkpoint=tmp_path / "sweep.pt", progress=False, **options), reference)
+    _stop_at_step_25(specs(stretched=False), tmp_path / "plain.pt", options)
+    with pytest.raises(CheckpointError, match="belongs to another sweep"):
+        train_sweep(specs(), checkpoint=tmp_path / "plain.pt", progress=False, **options)
