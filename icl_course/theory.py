@@ -16,7 +16,7 @@ from .models import next_gram
 
 __all__ = ["optimal_one_step_coefficient", "one_step_loss", "optimal_preconditioner",
            "preconditioned_one_step_loss", "one_layer_bilinear_form", "ImplicitLinearModel",
-           "implicit_model_step", "implicit_linear_model", "gdpp_spectrum", "condition_number",
+           "implicit_model_step", "implicit_linear_model", "gdpp_spectrum", "gdpp_residual", "condition_number",
            "gdpp_layers_needed", "gdpp_one_layer_condition", "gdpp_best_one_layer_scale",
            "two_noise_construction", "adaptive_step_size", "best_linear_cosine"]
 
@@ -224,6 +224,39 @@ def gdpp_spectrum(eigenvalues: torch.Tensor, num_layers: int, gamma=None, gamma_
         values = values * (1 - step * values) ** 2
         history.append(values)
     return torch.stack(history, dim=-2)
+
+
+def gdpp_residual(eigenvalues: torch.Tensor, w_xx, w_yx) -> torch.Tensor:
+    """What a GD++ model leaves of ``w`` on a noiseless task, one eigen-direction of ``X^T X`` at a time
+    (Vladymyrov et al. 2024, section 5.1).
+
+    With ``q_y = 0`` a GD++ layer never lets the labels move the inputs, so on noiseless tasks (``y = X w``) its
+    implicit weights are a function of the Gram matrix applied to the task's weights: ``w^L = F(X^T X) w``, and
+    in the eigenbasis ``u_k`` of ``X^T X`` the error is ``w^L - w = -sum_k r(lambda_k) (u_k^T w) u_k`` with
+    ``r = 1 - F``, so a task's loss is ``1/2 sum_k r(lambda_k)^2 (u_k^T w)^2`` and, ``w ~ N(0, I)``, its mean
+    over ``w`` is ``1/2 sum_k r(lambda_k)^2``.  Along one direction, with ``s_0 = lambda`` and ``a_0 = lambda``
+    (``X^T y`` there, for a unit weight) and ``m_0 = 1`` (what the query's input has been multiplied by), layer
+    ``l`` does
+
+        ``r <- r + w_yx^l a_l m_l``,  ``s_{l+1} = (1 + w_xx^l s_l)^2 s_l``,
+        ``a_{l+1} = (1 + w_xx^l s_l)(1 + w_yx^l s_l) a_l``,  ``m_{l+1} = (1 + w_xx^l s_l) m_l``,
+
+    from ``r = 1``: a polynomial in ``lambda`` of degree up to ``3^L``.  ``w_xx`` and ``w_yx`` are the layers'
+    weights of :meth:`~icl_course.models.LinearSelfAttention.diagonal_weights` (``gamma = -w_xx`` of
+    :func:`gdpp_spectrum`).  Shapes: ``eigenvalues`` (...), ``w_xx`` and ``w_yx`` (L,) -> ``r`` (...);
+    differentiable in all three.
+    """
+    values = torch.as_tensor(eigenvalues)
+    w_xx, w_yx = torch.as_tensor(w_xx, dtype=values.dtype), torch.as_tensor(w_yx, dtype=values.dtype)
+    if w_xx.dim() != 1 or w_xx.shape != w_yx.shape:
+        raise ValueError(f"w_xx and w_yx must be two (L,) tensors of the same length, got shapes "
+                         f"{tuple(w_xx.shape)} and {tuple(w_yx.shape)}")
+    s, a, moved, residual = values, values, torch.ones_like(values), torch.ones_like(values)
+    for xx, yx in zip(w_xx, w_yx):
+        residual = residual + yx * a * moved
+        factor = 1 + xx * s
+        s, a, moved = factor**2 * s, factor * (1 + yx * s) * a, factor * moved
+    return residual
 
 
 def condition_number(eigenvalues: torch.Tensor) -> torch.Tensor:

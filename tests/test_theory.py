@@ -301,3 +301,24 @@ def test_theory_takes_a_second_moment_directly():
         one_step_loss(10, 20, noise=1.0, second_moment=1.0)
     with pytest.raises(ValueError, match=">= 0"):
         optimal_one_step_coefficient(10, 20, second_moment=-1.0)
+
+
+def test_gdpp_residual_is_what_a_gdpp_model_leaves_of_w_on_noiseless_tasks(float64_tasks):
+    """w^L = F(X^T X) w: a task's loss is 1/2 sum_k r(lambda_k)^2 (u_k^T w)^2, to rounding, for any GD++."""
+    model = LinearTransformer(6, num_layers=4, parameterization="gdpp", init_scale=0.3, seed=3, dtype=torch.float64,
+                              device="cpu")
+    weights = [layer.diagonal_weights() for layer in model.layers]
+    w_xx, w_yx = (torch.stack([w[key] for w in weights]).detach() for key in ("w_xx", "w_yx"))
+    assert (w_xx != 0).all() and (w_yx != 0).all()
+    batch = float64_tasks(d=6, n=9, noise=0.0).sample(200, seed=8)
+    with torch.no_grad():
+        direct = 0.5 * ((model.final_weights(batch) - batch.w) ** 2).sum(-1)
+    eigenvalues, vectors = torch.linalg.eigh(batch.X.transpose(1, 2) @ batch.X)
+    along = (vectors.transpose(1, 2) @ batch.w.unsqueeze(-1)).squeeze(-1)
+    via_residual = 0.5 * (theory.gdpp_residual(eigenvalues, w_xx, w_yx) ** 2 * along**2).sum(-1)
+    torch.testing.assert_close(via_residual, direct, rtol=1e-9, atol=1e-14)
+    # one layer is one GD step of size -w_yx: r = 1 + w_yx lambda
+    lam = torch.linspace(0, 5, 11, dtype=torch.float64)
+    torch.testing.assert_close(theory.gdpp_residual(lam, [-0.3], [-0.2]), 1 - 0.2 * lam)
+    with pytest.raises(ValueError, match="same length"):
+        theory.gdpp_residual(lam, [0.1, 0.2], [0.1])
