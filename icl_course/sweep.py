@@ -93,7 +93,8 @@ class ModelSpec:
         stretched: draw this model's context inputs as :class:`~icl_course.data.StretchedTasks` does (one
             direction of half the tasks stretched or shrunk on purpose) and weight each task's loss back by its
             ``importance_weight``: the same expected loss, but the rare ill-conditioned tasks that carry a deep
-            noiseless model's tail are in every batch.
+            noiseless model's tail are in every batch (on Table 1's noiseless column that does not remove the
+            tail: research/README.md, ``noiseless_optimum.py``).
     """
 
     name: str

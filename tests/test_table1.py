@@ -1134,3 +1134,27 @@ def test_the_gpu_timing_benchmark_counts_the_stacks_a_run_trains():
     expected = sum(0.001 * depth * timing.stack_steps(budget, depth, variant)
                    for variant in VARIANTS for depth in budget.depths)
     assert abs(timing.predicted_seconds(measured, budget) - expected) < 1e-9 * expected
+
+
+def test_the_noiseless_optimum_script_fits_gdpp_on_its_exact_loss_and_scores_it(capsys):
+    optimum = research_script("noiseless_optimum")
+    shipped = load_table1_model("gdpp", 4, "0").double()
+    weights = optimum.coefficients(shipped)
+    batch = RegressionTasks(10, 20, 0.0, dtype=torch.float64).sample(50, seed=3)
+    with torch.no_grad():   # (w_xx, w_yx) are the whole GD++ model, and a pass-through layer changes nothing
+        for rebuilt in (optimum.gdpp_model(weights), optimum.gdpp_model(optimum.pass_through(weights, 0)),
+                        optimum.gdpp_model(optimum.pass_through(weights, 3))):
+            torch.testing.assert_close(rebuilt.final_weights(batch), shipped.final_weights(batch))
+    spectra = optimum.Spectra(3000, seed=1)
+    start = spectra.objective(weights).item()
+    value, fitted = optimum.fit(spectra, weights, rounds=2, iterations=10)
+    assert value < start and value == pytest.approx(spectra.objective(fitted).item(), rel=1e-12)
+    # the estimate is the same mean, with a standard error
+    assert spectra.estimate(weights).mean == pytest.approx(start, rel=1e-12) and spectra.estimate(weights).stderr > 0
+    optimum.main(["--depths", "3", "4", "--fit-tasks", "2000", "--eval-tasks", "5000", "--rounds", "1",
+                  "--iterations", "5", "--random-starts", "1", "--adam-steps", "5", "--adam-depth", "3"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("diag 3 layers, 5 more unclipped steps at 1e-4")
+    assert [line.split(" (")[0].strip() for line in lines[2:4]] == ["on plain batches", "on stretched batches"]
+    rows = [line for line in lines if line.startswith("| 3 |") or line.startswith("| 4 |")]
+    assert len(rows) == 2 and rows[1].split(" | ")[1] == f"{PAPER['gdpp'][4][0]:.3g}"
