@@ -232,6 +232,11 @@ class _TaskStream:
         self.generator.manual_seed(seed)
         self.set_noises(noises, stretched)
 
+    @classmethod
+    def for_specs(cls, specs: Sequence[ModelSpec], d: int, n: int, dtype, device, seed: int) -> "_TaskStream":
+        """The stream of a sweep: each model's noise law, and whether its inputs are stretched."""
+        return cls([spec.noise for spec in specs], d, n, dtype, device, seed, [spec.stretched for spec in specs])
+
     def set_noises(self, noises: Sequence[NoiseDistribution], stretched: Sequence[bool] = ()) -> None:
         """The active models' noise laws, and which of them draw stretched inputs (none by default)."""
         self.stretched = torch.tensor([bool(flag) for flag in stretched] or [False] * len(noises),
@@ -642,9 +647,8 @@ def train_sweep(specs: Sequence[ModelSpec], d: int = 10, n: int = 20, num_layers
                          final_fraction=final_fraction, spike_factor=spike_factor, patience=patience,
                          dtype=str(dtype), seed=seed, models=[spec.key() for spec in specs],
                          **({"restarts": restarts, "backoff": backoff} if restarts else {}))
-    stream = _TaskStream([spec.noise for spec in specs], d, n, dtype, device, seed,
-                         [spec.stretched for spec in specs])
-    state = _SweepState(specs, stack, stream, median_window, backoff)
+    state = _SweepState(specs, stack, _TaskStream.for_specs(specs, d, n, dtype, device, seed), median_window,
+                        backoff)
     path = None if checkpoint is None else Path(checkpoint)
     if path is not None and path.exists():
         state.load(_read_sweep_checkpoint(path, configuration), (d, num_layers, num_heads, parameterization))
