@@ -21,6 +21,7 @@ N unclipped steps at 1e-4, once on plain batches and once on stretched ones
 the plain million.
 
     python research/noiseless_optimum.py --depths 3 4 5 6 7
+    python research/noiseless_optimum.py --depths 3 4 5 6 --save icl_course/pretrained/noiseless_gdpp_fits.json
     python research/noiseless_optimum.py --depths 5 --adam-steps 3000 --adam-depth 5
 
 research/README.md has the tables and what they mean for the ``cpu`` run.
@@ -29,8 +30,11 @@ research/README.md has the tables and what they mean for the ``cpu`` run.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -152,6 +156,7 @@ def main(argv=None) -> None:
     parser.add_argument("--iterations", type=int, default=50, help="L-BFGS iterations per round")
     parser.add_argument("--random-starts", type=int, default=4)
     parser.add_argument("--keep", type=int, default=2, help="fits of a depth the next one deepens")
+    parser.add_argument("--save", help="a JSON file for the fitted w_xx and w_yx per depth (chapter 4 reads one)")
     parser.add_argument("--adam-steps", type=int, default=0)
     parser.add_argument("--adam-variant", default="diag", choices=("gdpp", "diag", "full"))
     parser.add_argument("--adam-depth", type=int, default=5)
@@ -164,7 +169,7 @@ def main(argv=None) -> None:
     print("| depth | paper | the run's GD++: expectation | its table score | fitted (start): expectation "
           "| its table score |")
     print("| --- | --- | --- | --- | --- | --- |")
-    best = {}
+    best, saved, begun = {}, {}, time.perf_counter()
     for depth in sorted(args.depths):
         run_model = load_table1_model("gdpp", depth, "0", args.run).double()
         starts = {"the run's": coefficients(run_model)}
@@ -184,6 +189,15 @@ def main(argv=None) -> None:
         print(f"| {depth} | {PAPER['gdpp'][depth][0]:.3g} | {scoring.estimate(coefficients(run_model))} "
               f"| {tail(plain_score(run_model, args.eval_tasks))} | {scoring.estimate(best[depth][0])} ({name}, "
               f"{seconds:.0f} s) | {tail(plain_score(gdpp_model(best[depth][0]), args.eval_tasks))} |", flush=True)
+        saved[str(depth)] = {"w_xx": best[depth][0][0].tolist(), "w_yx": best[depth][0][1].tolist(), "start": name,
+                             "fitted_loss": fits[name][0]}
+    if args.save:
+        command = "python research/noiseless_optimum.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        Path(args.save).write_text(json.dumps({
+            "about": "GD++ models of Table 1's noiseless column (d = 10, n = 20) fitted on their exact expected loss "
+                     "(icl_course.theory.gdpp_residual); research/README.md",
+            "command": command, "seconds": round(time.perf_counter() - begun), "fit_tasks": args.fit_tasks,
+            "largest_eigenvalue_cap": STRETCHED_CAP, "depths": saved}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

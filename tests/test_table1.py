@@ -1158,3 +1158,21 @@ def test_the_noiseless_optimum_script_fits_gdpp_on_its_exact_loss_and_scores_it(
     assert [line.split(" (")[0].strip() for line in lines[2:4]] == ["on plain batches", "on stretched batches"]
     rows = [line for line in lines if line.startswith("| 3 |") or line.startswith("| 4 |")]
     assert len(rows) == 2 and rows[1].split(" | ")[1] == f"{PAPER['gdpp'][4][0]:.3g}"
+
+
+def test_the_shipped_noiseless_gdpp_fits_are_below_the_runs_gdpp_on_their_exact_loss():
+    """Chapter 4 reads these fits: each depth's is below the cpu run's GD++ in expectation (capped), as the
+    research entry says, and the file names the command that made it."""
+    from pathlib import Path
+
+    optimum = research_script("noiseless_optimum")
+    path = Path(__file__).resolve().parents[1] / "icl_course" / "pretrained" / "noiseless_gdpp_fits.json"
+    fits = json.loads(path.read_text())
+    assert fits["command"].startswith("python research/noiseless_optimum.py") and sorted(fits["depths"]) == [
+        "3", "4", "5", "6"]
+    spectra = optimum.Spectra(20_000, seed=3)
+    for depth, fit in fits["depths"].items():
+        fitted = torch.tensor([fit["w_xx"], fit["w_yx"]], dtype=torch.float64)
+        assert fitted.shape == (2, int(depth))
+        run = optimum.coefficients(load_table1_model("gdpp", int(depth), "0").double())
+        assert spectra.objective(fitted) < spectra.objective(run)
