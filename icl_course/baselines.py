@@ -37,7 +37,7 @@ from .data import (
     check_context,
     context_of,
 )
-from .linalg import solve_positive_definite
+from .linalg import solve_positive_definite, symmetric_eigh
 
 __all__ = [
     "least_squares",
@@ -148,7 +148,7 @@ class _Spectrum:
 
     def __init__(self, batch: TaskBatch):
         batch = batch.to(dtype=torch.float64)
-        self.eigenvalues, self.vectors = torch.linalg.eigh(batch.Sigma)
+        self.eigenvalues, self.vectors = symmetric_eigh(batch.Sigma)
         self.beta = (self.vectors.transpose(-1, -2) @ batch.alpha.unsqueeze(-1)).squeeze(-1)
         self.rotated_truth = (self.vectors.transpose(-1, -2) @ batch.w.unsqueeze(-1)).squeeze(-1)
         self.covariance = batch.covariance
@@ -307,7 +307,7 @@ class BayesOptimal:
             # X = U S V^T through the eigendecomposition of Sigma = V S^2 V^T: a batched SVD of X costs
             # about 15 times more on a CPU.  Only S U^T y = V^T alpha and (U^T y)^2 = (V^T alpha)^2 / S^2 are
             # needed, and alpha lies in the span of those directions, so a small S divides a small number.
-            eigenvalues, V = torch.linalg.eigh(X.transpose(-1, -2) @ X)
+            eigenvalues, V = symmetric_eigh(X.transpose(-1, -2) @ X)
             S, Vh = eigenvalues.clamp_min(torch.finfo(X.dtype).tiny).sqrt(), V.transpose(-1, -2)
             projected = (Vh @ (X.transpose(-1, -2) @ y.unsqueeze(-1))).squeeze(-1) / S
         else:

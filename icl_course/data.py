@@ -20,7 +20,7 @@ from typing import Sequence, Union
 
 import torch
 
-from .linalg import singular_mask
+from .linalg import singular_mask, symmetric_eigh
 from .runtime import check_count, make_generator, resolve_device, resolve_dtype
 
 __all__ = [
@@ -462,8 +462,8 @@ class StretchedTasks(RegressionTasks):
         y = (X @ w.unsqueeze(-1)).squeeze(-1) + sigma.unsqueeze(-1) * noise
         y_t = (x_t * w).sum(-1)
         if math.isfinite(self.largest_eigenvalue_cap):
-            weight = torch.where(torch.linalg.eigvalsh(X.transpose(-1, -2) @ X)[:, -1] <= self.largest_eigenvalue_cap,
-                                 weight, 0.0)
+            largest = symmetric_eigh(X.transpose(-1, -2) @ X, eigenvectors=False)[:, -1]
+            weight = torch.where(largest <= self.largest_eigenvalue_cap, weight, 0.0)
         batch = TaskBatch(X=X, y=y, x_t=x_t, y_t=y_t, w=w, sigma=sigma, covariance=self.covariance,
                           importance_weight=weight)
         return batch.to(device=self.device, dtype=self.dtype)

@@ -32,6 +32,7 @@ import torch
 from .baselines import BayesOptimal, TunedRR, oracle_ridge
 from .data import FixedNoise, RegressionTasks, TaskBatch
 from .evaluate import Estimate, adjusted_losses, per_layer_loss, query_averaged_loss
+from .linalg import symmetric_eigh
 from .models import LinearTransformer, ModelOutput
 from .runtime import make_generator
 
@@ -105,7 +106,7 @@ def per_task_adjusted_losses(predictor: Callable, sampler: RegressionTasks, num_
             weights = output.weights if isinstance(output, ModelOutput) else output
             losses.append((query_averaged_loss(weights, batch) - query_averaged_loss(oracle_ridge(batch), batch))
                           .double())
-            eigenvalues = torch.linalg.eigvalsh(batch.Sigma.double())
+            eigenvalues = symmetric_eigh(batch.Sigma.double(), eigenvectors=False)
             for name, value in zip(TASK_FEATURES, (eigenvalues[:, 0], eigenvalues[:, -1], batch.label_energy,
                                                    batch.sigma)):
                 features[name].append(value.double())

@@ -24,7 +24,7 @@ import math
 import torch
 
 from .data import TaskBatch, check_context
-from .linalg import singular_mask
+from .linalg import singular_mask, symmetric_eigh
 from .runtime import check_count
 
 __all__ = ["gradient_descent", "tune_step_sizes", "conjugate_gradient", "newton_inverse",
@@ -165,7 +165,7 @@ def newton_inverse(S: torch.Tensor, num_steps: int) -> torch.Tensor:
     if not torch.allclose(S, S.transpose(-1, -2)) or bool(singular_mask(S).any()):
         raise ValueError("S must be symmetric positive definite, and not singular in its dtype "
                          "(Newton's iteration for S^-1 needs it)")
-    eigenvalues = torch.linalg.eigvalsh(S)
+    eigenvalues = symmetric_eigh(S, eigenvectors=False)
     identity = torch.eye(S.shape[-1], dtype=S.dtype, device=S.device)
     M = identity / eigenvalues[..., -1, None, None]
     iterates = [M]

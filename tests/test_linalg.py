@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from icl_course import RegressionTasks, least_squares, ridge
-from icl_course.linalg import condition_estimate, singular_mask, solve_positive_definite
+from icl_course.linalg import condition_estimate, singular_mask, solve_positive_definite, symmetric_eigh
 
 
 def _with_spectrum(eigenvalues, seed=0):
@@ -69,3 +69,31 @@ def test_one_singular_task_in_a_large_batch_is_named():
     X[17] = X[17, :1].expand(8, 4)
     with pytest.raises(ValueError, match="least squares: .*singular in torch.float64 for 1 of 100 tasks"):
         least_squares(X, y)
+
+
+def test_symmetric_eigh_in_chunks_equals_one_call_with_any_batch_shape():
+    generator = torch.Generator().manual_seed(0)
+    A = torch.randn(2, 1500, 12, 5, generator=generator, dtype=torch.float64)
+    S = A.transpose(-1, -2) @ A                                                   # (2, 1500, 5, 5)
+    values, vectors = symmetric_eigh(S, chunk_size=700)                            # 5 chunks, the last one short
+    assert values.shape == (2, 1500, 5) and vectors.shape == (2, 1500, 5, 5)
+    reference_values, reference_vectors = torch.linalg.eigh(S)
+    assert torch.allclose(values, reference_values, rtol=1e-12, atol=1e-12)
+    # eigenvectors are defined up to sign: compare the decomposition they give back
+    rebuilt = vectors @ torch.diag_embed(values) @ vectors.transpose(-1, -2)
+    assert torch.allclose(rebuilt, S, rtol=1e-10, atol=1e-10)
+    assert torch.allclose(symmetric_eigh(S, eigenvectors=False, chunk_size=700), reference_values,
+                          rtol=1e-12, atol=1e-12)
+    assert torch.all(values[..., 1:] >= values[..., :-1])                          # ascending, as torch's
+
+
+def test_symmetric_eigh_takes_a_batch_a_gpu_solver_refuses_in_one_call():
+    """cuSOLVER's batched solver (torch 2.11, CUDA 13, H100) fails from about 65 000 matrices per call."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: the batch cuSOLVER refuses in one call is not met on a CPU")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    A = torch.randn(100_000, 20, 10, generator=generator, device="cuda", dtype=torch.float64)
+    S = A.transpose(-1, -2) @ A
+    values = symmetric_eigh(S, eigenvectors=False)
+    assert values.device.type == "cuda"
+    assert torch.allclose(values.cpu(), torch.linalg.eigvalsh(S.cpu()), rtol=1e-9, atol=1e-9)

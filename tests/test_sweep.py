@@ -4,6 +4,7 @@ import torch
 from icl_course import CategoricalNoise, LinearTransformer, RegressionTasks, UniformNoise
 from icl_course.checkpoints import CheckpointError
 from icl_course.evaluate import adjusted_loss
+from icl_course.linalg import symmetric_eigh
 from icl_course.sweep import ModelSpec, ModelStack, _TaskStream, train_sweep
 
 
@@ -158,11 +159,14 @@ def test_a_stack_without_stretched_models_draws_what_it_always_drew():
     assert torch.equal(weight, torch.ones_like(weight))
 
 
-def test_a_stretched_model_meets_rare_spectra_and_weights_them_back():
-    stream = _TaskStream([UniformNoise(0), UniformNoise(0)], 4, 10, torch.float64, torch.device("cpu"), seed=0,
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_stretched_model_meets_rare_spectra_and_weights_them_back(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: the stretched draws on a GPU (data.stretch on the inputs' device) are not run")
+    stream = _TaskStream([UniformNoise(0), UniformNoise(0)], 4, 10, torch.float64, torch.device(device), seed=0,
                          stretched=[False, True])
     gram, w, weight = stream.sample(40_000)
-    smallest = torch.linalg.eigvalsh(gram[..., :4, :4])[..., 0]                  # (2, B)
+    smallest = symmetric_eigh(gram[..., :4, :4], eigenvectors=False)[..., 0]     # (2, B)
     rare = torch.quantile(smallest[0], 0.001)                                     # one plain task in a thousand
     assert torch.equal(weight[0], torch.ones_like(weight[0]))
     assert (smallest[1] < rare).double().mean() > 0.02                            # twenty times as often
