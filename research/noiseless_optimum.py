@@ -161,6 +161,10 @@ def main(argv=None) -> None:
     parser.add_argument("--adam-variant", default="diag", choices=("gdpp", "diag", "full"))
     parser.add_argument("--adam-depth", type=int, default=5)
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.depths) - set(PAPER["gdpp"]))
+    if unknown:
+        parser.error(f"--depths {' '.join(map(str, unknown))}: Table 1 has GD++ at depths "
+                     f"{', '.join(map(str, sorted(PAPER['gdpp'])))} only")
     if args.adam_steps:
         continue_training(args.run, args.adam_variant, args.adam_depth, args.adam_steps, args.eval_tasks)
     fitting, scoring = Spectra(args.fit_tasks, seed=7), Spectra(args.eval_tasks, seed=8)

@@ -1158,6 +1158,9 @@ def test_the_noiseless_optimum_script_fits_gdpp_on_its_exact_loss_and_scores_it(
     assert [line.split(" (")[0].strip() for line in lines[2:4]] == ["on plain batches", "on stretched batches"]
     rows = [line for line in lines if line.startswith("| 3 |") or line.startswith("| 4 |")]
     assert len(rows) == 2 and rows[1].split(" | ")[1] == f"{PAPER['gdpp'][4][0]:.3g}"
+    with pytest.raises(SystemExit):   # a depth the table does not have: a usage message, not a KeyError
+        optimum.main(["--depths", "3", "8"])
+    assert "--depths 8: Table 1 has GD++ at depths 1, 2, 3, 4, 5, 6, 7 only" in capsys.readouterr().err
 
 
 def test_the_shipped_noiseless_gdpp_fits_are_below_the_runs_gdpp_on_their_exact_loss():
