@@ -28,6 +28,9 @@ were trained longer on the development CPU, 2 processes side by side, and merged
     python research/full_attention_gpu.py train --device cpu --processes 2 --steps 48000 --parts heads --depths 3 \
         --heads 5 --out trained_48000.pt             # 1 409 s; scoring 52 s
     python research/full_attention_gpu.py score trained_48000.pt
+    python research/full_attention_gpu.py train --device cpu --processes 2 --steps 96000 --parts heads --depths 3 \
+        --heads 5 --out trained_96000.pt             # 4 645 s (a slower day: the 48 000 above took 2 372); scoring 81 s
+    python research/full_attention_gpu.py score trained_96000.pt
 
 and the 4-layer quasi-Newton LFOM again on stretched batches (``FULL_ATTENTION_STRETCHED``), one process:
 

@@ -103,18 +103,19 @@ def test_cg_is_exact_from_d_steps_on_and_no_trained_model_is(results):
 
 def test_models_with_every_entry_of_p_and_q_trained(results):
     """Sections 9 and 10: 12 000 steps (and 1 500, 3 000, 6 000 as the convergence check; the CGD-like models also
-    24 000 at 3-4 layers and 48 000 at 4, with 5 heads at 3 too); one layer on the GD form's closed form; the
-    quasi-Newton LFOM far below the GD-form one at 2-3 layers, and at 4 trained and scored on stretched tasks; 1 and 5
-    heads level at 1-2 layers; at 3 layers one head converged and 5 heads, twice as long, level with it.  The
-    CGD-like models have not converged at 4 layers (nor 5 heads at 3), so a retrained file may move those means:
-    their bands are wide."""
+    24 000 at 3-4 layers and 48 000 at 4, with 5 heads at 3 layers 48 000 and 96 000); one layer on the GD form's
+    closed form; the quasi-Newton LFOM far below the GD-form one at 2-3 layers, and at 4 trained and scored on
+    stretched tasks; 1 and 5 heads level at 1-2 layers; at 3 layers one head converged and 5 heads, four times as
+    long, 1-5% below it.  The CGD-like models have not converged at 4 layers (nor 5 heads at 3), so a retrained file
+    may move those means: their bands are wide."""
     assert results["full_attention_steps"] == 12_000
-    assert sorted(results["full_attention_lengths"]) == [1500, 3000, 6000, 24000, 48000]
+    assert sorted(results["full_attention_lengths"]) == [1500, 3000, 6000, 24000, 48000, 96000]
     assert all(set(results["full_attention_lengths"][length]) == {"heads"} and
                all(sorted(runs) == depths for runs in results["full_attention_lengths"][length]["heads"].values())
                for length, depths in ((24000, [3, 4]),))
     assert {key: sorted(runs) for key, runs in results["full_attention_lengths"][48000]["heads"].items()} == \
         {1: [4], 5: [3, 4]}
+    assert {key: sorted(runs) for key, runs in results["full_attention_lengths"][96000]["heads"].items()} == {5: [3]}
     with pytest.raises(KeyError, match=r"choose one of \[1, 5\]"):
         memformer.training_lengths(results, "heads", 3)
     assert all(sorted(results[part][key]) == list(memformer.FULL_ATTENTION_DEPTHS)
@@ -152,15 +153,15 @@ def test_models_with_every_entry_of_p_and_q_trained(results):
     steps, one_head, _, one_change = memformer.longest_training(results, "heads", 1)
     _, five_heads, _, five_change = memformer.longest_training(results, "heads", 5)
     assert steps == [12000, 12000, 24000, 48000] and memformer.longest_training(results, "heads", 5)[0] == \
-        [12000, 12000, 48000, 48000]
+        [12000, 12000, 96000, 48000]
     torch.testing.assert_close(one_head.mean(0), torch.tensor([0.577, 0.0280, 3.25e-4, 3.9e-6], dtype=torch.float64),
                                rtol=0.1, atol=0)
-    torch.testing.assert_close(five_heads.mean(0), torch.tensor([0.577, 0.0277, 3.32e-4, 6.2e-6], dtype=torch.float64),
+    torch.testing.assert_close(five_heads.mean(0), torch.tensor([0.577, 0.0277, 3.15e-4, 6.2e-6], dtype=torch.float64),
                                rtol=0.1, atol=0)
-    # 3 layers: one head flat from 12 000 to 24 000 steps; 5 heads after 48 000 within 3% of it and still falling;
+    # 3 layers: one head flat from 12 000 to 24 000 steps; 5 heads after 96 000 1-5% below it and still falling;
     # 4 layers: both falling
     assert one_change[:, 2].median().abs() < 0.03 and five_change[:, 2].median() < -0.04
-    assert abs(five_heads[:, 2].mean() / one_head[:, 2].mean() - 1) < 0.03
+    assert 0.95 < five_heads[:, 2].mean() / one_head[:, 2].mean() < 0.99
     assert (one_change[:, 3] < -0.3).all() and (five_change[:, 3] < -0.3).all()
     # the quasi-Newton reading of the 3-layer isotropic model: layers 1-2 move the inputs by (I - c_l Sigma_hat)
     model = memformer.load_full_attention_model(results, "quasi_newton", "isotropic", 3)
