@@ -764,7 +764,7 @@ def test_the_deep_noiseless_cells_compare_their_candidates_on_stretched_tasks_we
     saved = json.loads((out / "selections" / "diag-L3-u0.json").read_text())
     sampler = tuning_sampler("0", True, "cpu")
     assert isinstance(sampler, StretchedTasks) and sampler.largest_eigenvalue_cap == STRETCHED_CAP
-    assert saved["tuning"] == repr(sampler) and type(tuning_sampler("0", False, "cpu")) is RegressionTasks
+    assert saved["tuning"] == f"{sampler!r} and plain" and type(tuning_sampler("0", False, "cpu")) is RegressionTasks
     # the saved scores are the candidates' importance-weighted losses on those tasks (the table's own numbers stay
     # on the plain law: the evaluation's sampler is the column's)
     models = {name: load_checkpoint(out / "models" / f"{name}.pt", device="cpu").model.double()
@@ -772,11 +772,16 @@ def test_the_deep_noiseless_cells_compare_their_candidates_on_stretched_tasks_we
     again = adjusted_losses(models, sampler, num_tasks=3000, chunk_size=TINY["chunk_size"], seed=700)
     assert {name: pytest.approx(score[:2], rel=1e-9) for name, score in saved["scores"].items()} == {
         name: [estimate.mean, estimate.stderr] for name, estimate in again.items()}
+    # and on as many plain tasks, for the table's heavy-tail test, with their trimmed means
+    plain = adjusted_losses(models, tuning_sampler("0", False, "cpu"), num_tasks=3000, chunk_size=TINY["chunk_size"],
+                            seed=1100)
+    assert {name: pytest.approx(score, rel=1e-9) for name, score in saved["plain_scores"].items()} == {
+        name: [estimate.mean, estimate.stderr, 3000, estimate.trimmed_mean] for name, estimate in plain.items()}
     # a selection saved on other tuning tasks (as before the rule, "plain") is scored again, and the run stays
     saved["tuning"] = "plain"
     (out / "selections" / "diag-L3-u0.json").write_text(json.dumps(saved))
     assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)
-    assert json.loads((out / "selections" / "diag-L3-u0.json").read_text())["tuning"] == repr(sampler)
+    assert json.loads((out / "selections" / "diag-L3-u0.json").read_text())["tuning"] == f"{sampler!r} and plain"
 
 
 def research_script(name: str):

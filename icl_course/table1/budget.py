@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 from ..data import CategoricalNoise, UniformNoise
 from ..models import NESTED
+from .noiseless import NoiselessFit
 from .paper import COLUMNS, VARIANTS, model_name
 
 
@@ -129,6 +130,7 @@ class Budget:
     nested_learning_rate: object = None   # the nested variants' constant rate, e.g. {"full": 1e-5}; a variant
     #                                       left out (or None) trains at unclipped_learning_rate
     deepen: object = None         # a Deepening: more candidates, started from the model one layer shallower
+    noiseless_fit: object = None  # a NoiselessFit: light-tailed GD++ fits as candidates of the noiseless column
     tuning_tasks: int = 100_000   # tunes the baselines and picks the best candidate of a cell of 1-2 layers ...
     eval_tasks: int = 100_000     # scores everything, for columns whose models are all shallower than 3
     eval_tasks_deep: int = 1_000_000   # ... and for columns with a model of 3 layers or more, whose cells also
@@ -170,6 +172,11 @@ class Budget:
             del data["nested_learning_rate"]
         elif isinstance(self.nested_learning_rate, dict):
             data["nested_learning_rate"] = {str(depth): value for depth, value in self.nested_learning_rate.items()}
+        if self.noiseless_fit is None:
+            del data["noiseless_fit"]
+        else:
+            data["noiseless_fit"] = {key: list(value) if isinstance(value, tuple) else value
+                                     for key, value in asdict(self.noiseless_fit).items()}
         if self.deepen is None:
             del data["deepen"]
         else:
@@ -337,7 +344,29 @@ def check_run(budget: str | Budget, variants: Optional[Sequence[str]], depths: O
     rate = budget.unclipped_learning_rate
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
         raise Table1Error(f"unclipped_learning_rate must be a positive number, got {rate!r}")
+    _check_noiseless_fit(budget.noiseless_fit)
     return budget, variants, columns
+
+
+def _check_noiseless_fit(fit) -> None:
+    if fit is None:
+        return
+    if not isinstance(fit, NoiselessFit):
+        raise Table1Error(f"noiseless_fit takes None or a NoiselessFit (icl_course.table1.NoiselessFit); got {fit!r}")
+    if not fit.depths or any(isinstance(depth, bool) or depth not in range(2, 8) for depth in fit.depths):
+        raise Table1Error(f"NoiselessFit.depths must be depths 2..7 (each fit deepens the GD++ kept one layer "
+                          f"shallower); got {fit.depths!r}")
+    numbers = {"rare_weights": fit.rare_weights, "smallest": (fit.smallest,), "largest": (fit.largest,),
+               "adam_learning_rate": (fit.adam_learning_rate,),
+               "check_stderr": (fit.check_stderr,), "check_trimmed_gap": (fit.check_trimmed_gap,)}
+    for name, values in numbers.items():
+        if not values or any(isinstance(value, bool) or not isinstance(value, (int, float))
+                             or not 0 < value < math.inf for value in values):
+            raise Table1Error(f"NoiselessFit.{name} must be positive numbers; got {getattr(fit, name)!r}")
+    for name, least in (("fit_tasks", 2), ("check_tasks", 2), ("adam_steps", 0), ("rounds", 1), ("iterations", 1)):
+        value = getattr(fit, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise Table1Error(f"NoiselessFit.{name} must be an integer of at least {least}; got {value!r}")
 
 
 # ----------------------------------------------------------------------------- the plan of a stack

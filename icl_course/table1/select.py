@@ -10,7 +10,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -45,8 +45,14 @@ def tuning_sampler(column: str, deep: bool, device) -> RegressionTasks:
     return RegressionTasks(D, N, column_noise(column), dtype=torch.float64, device=device)
 
 
-def pick_candidate(scores: dict[str, Estimate], deep: bool, stretched: bool = False) -> str:
+def pick_candidate(scores: dict[str, Estimate], deep: bool, stretched: bool = False,
+                   plain: Optional[dict[str, Estimate]] = None) -> str:
     """The candidate of a cell with the lowest mean on the tuning sample (``scores``: name -> Estimate).
+
+    With ``plain``, the same candidates' scores (with trimmed means) on a plain million of the column's law, as
+    a deep cell of a column of ``STRETCHED_COLUMNS`` has them: the candidates that pass the table's own
+    heavy-tail test there (:meth:`Estimate.heavy_tailed`) compete first, on that mean; only when none passes
+    do the rules below pick.
 
     For a deep cell, scored on a million tasks, only among the candidates whose standard error is at most
     ``LIGHT_TAIL_STDERR`` (2%) of their mean, if there are any: a larger one is the mark of a heavy tail, whose
@@ -56,6 +62,9 @@ def pick_candidate(scores: dict[str, Estimate], deep: bool, stretched: bool = Fa
     plus two standard errors, and a better model whose error is larger is not passed over for a worse one with
     a small error.  A mean that is not finite never wins.
     """
+    light = {name: score.mean for name, score in (plain or {}).items() if not score.heavy_tailed()}
+    if light:
+        return min(light, key=light.get)
     if stretched:
         bounds = {name: (score.mean + 2 * score.stderr if math.isfinite(score.mean + score.stderr) else math.inf)
                   for name, score in scores.items()}
@@ -81,7 +90,8 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
 
     Every candidate is scored on the column's tuning tasks (a cell of 3 layers or more on ``eval_tasks_deep``
     of them: a deep model's mean can hang on one task in a million; in a column of ``STRETCHED_COLUMNS``, drawn
-    by :func:`tuning_sampler`) and :func:`pick_candidate` chooses.  The
+    by :func:`tuning_sampler`, and on as many plain ones for the heavy-tail test) and :func:`pick_candidate`
+    chooses.  The
     choice is saved in ``selections/`` and read back while the candidates stay the same and none was trained
     again since (the saved scores are then picked from again, by the current rule): a deeper model that
     starts from it and the evaluation see the same one.
@@ -94,25 +104,34 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
     deep_cell = usable[0].depth >= 3
     sampler = tuning_sampler(column, deep_cell, device)
     stretched = isinstance(sampler, StretchedTasks)
+    # scores on other tasks than the rule's are redone
+    law = f"{sampler!r} and plain" if stretched else "plain"
     if path.exists():
         saved = json.loads(path.read_text())
-        law = repr(sampler) if stretched else "plain"   # scores on other tasks than the rule's are redone
         if saved.get("candidates") == list(by_name) and newer_than(path, usable) \
                 and saved.get("tuning", "plain") == law:
+            plain = {name: Estimate(*score[:2], int(score[2]), score[3])
+                     for name, score in saved.get("plain_scores", {}).items()}
             chosen = pick_candidate({name: Estimate(*score[:2], int(score[2])) for name, score
-                                     in saved["scores"].items()}, deep_cell, stretched)
+                                     in saved["scores"].items()}, deep_cell, stretched, plain)
             if chosen != saved["selected"]:
                 write_json(path, dict(saved, selected=chosen))
             return by_name[chosen], saved["scores"]
     models = {name: candidate.model.to(device) for name, candidate in by_name.items()}
+    num_tasks = max(budget.tuning_tasks, budget.eval_tasks_deep) if deep_cell else budget.tuning_tasks
     scores = adjusted_losses(models, sampler, chunk_size=budget.chunk_size, seed=700 + COLUMNS.index(column),
-                             num_tasks=max(budget.tuning_tasks, budget.eval_tasks_deep) if deep_cell
-                             else budget.tuning_tasks)
-    chosen = pick_candidate(scores, deep_cell, stretched)
+                             num_tasks=num_tasks)
+    plain = adjusted_losses(models, tuning_sampler(column, False, device), chunk_size=budget.chunk_size,
+                            seed=1100 + COLUMNS.index(column), num_tasks=num_tasks) if stretched else {}
+    chosen = pick_candidate(scores, deep_cell, stretched, plain)
     scores = {name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()}
+    saved = {"cell": cell, "column": column, "candidates": list(by_name), "selected": chosen, "scores": scores,
+             "tuning": law}
+    if plain:
+        saved["plain_scores"] = {name: [score.mean, score.stderr, score.num_tasks, score.trimmed_mean]
+                                 for name, score in plain.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"cell": cell, "column": column, "candidates": list(by_name), "selected": chosen,
-                      "scores": scores, "tuning": repr(sampler) if stretched else "plain"})
+    write_json(path, saved)
     return by_name[chosen], scores
 
 

@@ -19,10 +19,21 @@ import torch
 from ..checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from ..models import NESTED, LinearTransformer, deepen, widen
 from ..sweep import ModelSpec, SweepResult, train_sweep
-from .budget import BUDGETS, Budget, PlannedModel, StackPlan, Table1Error, clipped_steps, column_noise, plan_stack
+from .budget import (
+    BUDGETS,
+    Budget,
+    PlannedModel,
+    StackPlan,
+    Table1Error,
+    clipped_steps,
+    column_noise,
+    naming_seed,
+    plan_stack,
+)
 from .candidate import Candidate
-from .paper import VARIANTS, D, N
-from .select import cell_choice
+from .noiseless import CheckTasks, FitTasks, deeper_starts, gdpp_model, gdpp_weights, light_tailed_fit
+from .paper import VARIANTS, D, N, model_name
+from .select import cell_choice, newer_than
 
 #: a model whose clipped phase breaks the spike rule ``patience`` steps in a row goes back to its last healthy
 #: logging window at half its rate, up to this many times, before it counts as diverged
@@ -111,6 +122,7 @@ class StackTrainer:
         self.out, self.budget, self.variants, self.columns = out, budget, variants, columns
         self.device, self.log = device, log
         self.candidates: dict[str, Candidate] = {}
+        self.noiseless_tasks = None   # the fit's and the check's tasks of the noiseless column, drawn once
         stacks = [(depth, variant) for depth in budget.depths for variant in variants]
         self.progress = Progress(sum(clipped_steps(budget, depth, variant, variants)
                                      + budget.settings(depth)["unclipped_steps"] for depth, variant in stacks),
@@ -125,6 +137,7 @@ class StackTrainer:
             for depth in self.budget.depths:
                 for variant in self.variants:
                     self.train_stack(depth, variant)
+                self.fit_noiseless(depth)
         finally:
             self.progress.close()
         return self.candidates
@@ -179,6 +192,56 @@ class StackTrainer:
             model, metadata = load_trained(final[spec.name], variant, depth, spec.key())
             self.candidates[spec.name] = Candidate(spec.name, variant, depth, planned.column, spec.seed,
                                                    final[spec.name], model, metadata)
+
+    def fit_noiseless(self, depth: int) -> None:
+        """The light-tailed GD++ of the noiseless column at ``depth`` (:mod:`~icl_course.table1.noiseless`),
+        fitted from the cell's trained GD++ candidates and from the GD++ its cell keeps one layer shallower and
+        the fit there (one layer deeper), and offered, as the same function, to the GD++, Diag and Full cells of
+        that depth (``{variant}-L{depth}-u0-s{seed}-fit``).
+        A saved fit is read back while its starts are the same models and none was trained again since."""
+        setting = self.budget.noiseless_fit
+        if setting is None or depth not in setting.depths or "0" not in self.columns or "gdpp" not in self.variants:
+            return
+        seed = naming_seed(self.budget, depth - 1)
+        names = {variant: f"{model_name(variant, depth, '0', seed)}-fit" for variant in self.variants}
+        paths = {variant: self.out / "models" / f"{name}.pt" for variant, name in names.items()}
+
+        def cell(at):
+            return [candidate for candidate in self.candidates.values()
+                    if (candidate.variant, candidate.depth, candidate.column) == ("gdpp", at, "0")]
+        kept = cell_choice(self.out, self.budget, "0", f"gdpp-L{depth - 1}", cell(depth - 1), self.device)[0]
+        shallower = [kept] + [candidate for candidate in cell(depth - 1)
+                              if candidate.name.endswith("-fit") and candidate.name != kept.name]
+        trained = [candidate for candidate in cell(depth) if candidate.finished and candidate.name != names["gdpp"]]
+        sources = sorted(candidate.name for candidate in [*shallower, *trained])
+        if not all(path.exists() for path in paths.values()) \
+                or load_checkpoint(paths["gdpp"], device="cpu").metadata.get("fitted_from") != sources \
+                or not newer_than(paths["gdpp"], [*shallower, *trained]):
+            self.log(f"fitting the light-tailed noiseless GD++ of {depth} layers from {', '.join(sources)}")
+            started = time.perf_counter()
+            if self.noiseless_tasks is None:
+                self.noiseless_tasks = FitTasks(setting, seed=1200), CheckTasks(setting.check_tasks, seed=1300)
+            candidates = {candidate.name: gdpp_weights(candidate.model) for candidate in trained}
+            candidates.update({f"{candidate.name}, {position}": weights for candidate in shallower
+                               for position, weights in deeper_starts(gdpp_weights(candidate.model)).items()})
+            best = light_tailed_fit(candidates, setting, *self.noiseless_tasks)
+            if best is None:
+                self.log(f"no light-tailed noiseless GD++ of {depth} layers was found; the cells keep their "
+                         "trained candidates")
+                return
+            model = gdpp_model(best["weights"])
+            metadata = {"status": "finished", "steps": setting.adam_steps + setting.rounds * setting.iterations,
+                        "final_loss": best["check"][0],
+                        "wall_time": time.perf_counter() - started, "budget": self.budget.name, "device": "cpu",
+                        "dtype": "float64", "command": self.command, "fitted_from": sources,
+                        "fit": {key: value for key, value in best.items() if key != "weights"}}
+            for variant in self.variants:
+                save_checkpoint(paths[variant], model if variant == "gdpp" else widen(model, variant),
+                                metadata=dict(metadata, widened_from=None if variant == "gdpp" else names["gdpp"]))
+        for variant in self.variants:
+            checkpoint = load_checkpoint(paths[variant], device="cpu", num_layers=depth, parameterization=variant)
+            self.candidates[names[variant]] = Candidate(names[variant], variant, depth, "0", seed, paths[variant],
+                                                        checkpoint.model, checkpoint.metadata)
 
     def set_aside_stale(self, plan: StackPlan) -> None:
         """Rename the saved models of ``plan`` that no longer start where the plan says (``NAME.stale.pt``), so
