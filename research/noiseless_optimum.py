@@ -43,26 +43,10 @@ from icl_course.data import RegressionTasks, StretchedTasks
 from icl_course.evaluate import Estimate, expected_loss
 from icl_course.sweep import ModelSpec, train_sweep
 from icl_course.table1 import load_table1_model
+from icl_course.table1.noiseless import gdpp_model, gdpp_weights
 from icl_course.table1.paper import PAPER, D, N
 from icl_course.table1.select import STRETCHED_CAP
 from icl_course.theory import gdpp_residual
-
-
-def coefficients(model: LinearTransformer) -> torch.Tensor:
-    """A GD++ model's (2, L) weights: ``w_xx`` and ``w_yx`` of every layer."""
-    weights = [layer.diagonal_weights() for layer in model.layers]
-    return torch.stack([torch.stack([w["w_xx"] for w in weights]), torch.stack([w["w_yx"] for w in weights])]) \
-        .detach().double()
-
-
-def gdpp_model(weights: torch.Tensor) -> LinearTransformer:
-    """The GD++ model (``d = 10``) with these (2, L) weights: ``p = (w_xx, w_yx)``, ``q = 1``."""
-    model = LinearTransformer(D, weights.shape[1], 1, "gdpp", dtype=torch.float64, device="cpu")
-    with torch.no_grad():
-        for layer, (xx, yx) in zip(model.layers, weights.T):
-            layer.q.fill_(1.0)
-            layer.p.copy_(torch.stack([xx, yx]).reshape(1, 2))
-    return model
 
 
 class Spectra:
@@ -176,7 +160,7 @@ def main(argv=None) -> None:
     best, saved, begun = {}, {}, time.perf_counter()
     for depth in sorted(args.depths):
         run_model = load_table1_model("gdpp", depth, "0", args.run).double()
-        starts = {"the run's": coefficients(run_model)}
+        starts = {"the run's": gdpp_weights(run_model)}
         for rank, shallower in enumerate(best.get(depth - 1, [])):
             starts.update({f"fit {rank + 1} deepened at {position}": pass_through(shallower, position)
                            for position in sorted({0, depth - 2})})
@@ -190,7 +174,7 @@ def main(argv=None) -> None:
         ranked = sorted((name for name in fits if math.isfinite(fits[name][0])), key=lambda key: fits[key][0])
         name, best[depth] = ranked[0], [fits[key][1] for key in ranked[:args.keep]]
         seconds = time.perf_counter() - started
-        print(f"| {depth} | {PAPER['gdpp'][depth][0]:.3g} | {scoring.estimate(coefficients(run_model))} "
+        print(f"| {depth} | {PAPER['gdpp'][depth][0]:.3g} | {scoring.estimate(gdpp_weights(run_model))} "
               f"| {tail(plain_score(run_model, args.eval_tasks))} | {scoring.estimate(best[depth][0])} ({name}, "
               f"{seconds:.0f} s) | {tail(plain_score(gdpp_model(best[depth][0]), args.eval_tasks))} |", flush=True)
         saved[str(depth)] = {"w_xx": best[depth][0][0].tolist(), "w_yx": best[depth][0][1].tolist(), "start": name,

@@ -1142,13 +1142,15 @@ def test_the_gpu_timing_benchmark_counts_the_stacks_a_run_trains():
 
 
 def test_the_noiseless_optimum_script_fits_gdpp_on_its_exact_loss_and_scores_it(capsys):
+    from icl_course.table1.noiseless import gdpp_model, gdpp_weights
+
     optimum = research_script("noiseless_optimum")
     shipped = load_table1_model("gdpp", 4, "0").double()
-    weights = optimum.coefficients(shipped)
+    weights = gdpp_weights(shipped)
     batch = RegressionTasks(10, 20, 0.0, dtype=torch.float64).sample(50, seed=3)
     with torch.no_grad():   # (w_xx, w_yx) are the whole GD++ model, and a pass-through layer changes nothing
-        for rebuilt in (optimum.gdpp_model(weights), optimum.gdpp_model(optimum.pass_through(weights, 0)),
-                        optimum.gdpp_model(optimum.pass_through(weights, 3))):
+        for rebuilt in (gdpp_model(weights), gdpp_model(optimum.pass_through(weights, 0)),
+                        gdpp_model(optimum.pass_through(weights, 3))):
             torch.testing.assert_close(rebuilt.final_weights(batch), shipped.final_weights(batch))
     spectra = optimum.Spectra(3000, seed=1)
     start = spectra.objective(weights).item()
@@ -1173,6 +1175,8 @@ def test_the_shipped_noiseless_gdpp_fits_are_below_the_runs_gdpp_on_their_exact_
     research entry says, and the file names the command that made it."""
     from pathlib import Path
 
+    from icl_course.table1.noiseless import gdpp_weights
+
     optimum = research_script("noiseless_optimum")
     path = Path(__file__).resolve().parents[1] / "icl_course" / "pretrained" / "noiseless_gdpp_fits.json"
     fits = json.loads(path.read_text())
@@ -1182,5 +1186,5 @@ def test_the_shipped_noiseless_gdpp_fits_are_below_the_runs_gdpp_on_their_exact_
     for depth, fit in fits["depths"].items():
         fitted = torch.tensor([fit["w_xx"], fit["w_yx"]], dtype=torch.float64)
         assert fitted.shape == (2, int(depth))
-        run = optimum.coefficients(load_table1_model("gdpp", int(depth), "0").double())
+        run = gdpp_weights(load_table1_model("gdpp", int(depth), "0").double())
         assert spectra.objective(fitted) < spectra.objective(run)

@@ -33,7 +33,7 @@ class NoiselessFit:
     """How a run fits the light-tailed GD++ of the noiseless column's cells at ``depths``.
 
     A task is rare when the smallest eigenvalue of its ``X^T X`` is below ``smallest`` or its largest above
-    ``largest`` (about one task in 2 000 for the defaults, ``d = 10``, ``n = 20``; the tasks that carry the
+    ``largest`` (about one task in 900 for the defaults, ``d = 10``, ``n = 20``; the tasks that carry the
     trained models' tails lie beyond both); its loss counts ``1 + rare_weight`` times in the fitted objective.
     Each ``rare_weight`` is fitted from every start (the trained GD++ candidates of the cell, and the GD++ the
     table keeps one layer shallower and the fit there, each with one more layer: :func:`deeper_starts`) by
