@@ -21,8 +21,8 @@ from icl_course.table1.noiseless import (
     light_tailed_fit,
 )
 
-SMALL = NoiselessFit(depths=(3,), rare_weights=(10.0, 30.0), fit_tasks=4000, check_tasks=20_000, adam_steps=50,
-                     rounds=1, iterations=20)
+SMALL = NoiselessFit(depths=(3,), rare_weights=(10.0, 30.0), fit_tasks=4000, check_tasks=10_000, check_samples=2,
+                     adam_steps=50, rounds=1, iterations=20)
 #: a 2-layer noiseless GD++ (w_xx, w_yx per layer) near the best of its class, the start of the fits below
 TWO_LAYERS = torch.tensor([[-0.02, -0.3], [-0.03, -0.35]], dtype=torch.float64)
 
@@ -52,6 +52,13 @@ def test_the_check_tasks_give_the_models_own_losses_through_the_spectrum():
     assert spectral.stderr == pytest.approx(direct.stderr, rel=1e-6)
     # an exploding model is a non-finite estimate, never a winner
     assert check.estimate(torch.full((2, 2), 1e200, dtype=torch.float64)).mean == float("inf")
+    # several samples: each its own estimate, and together the one sample they make
+    halves = CheckTasks(1500, seed=5, samples=2, chunk_size=3000)
+    first, second = halves.estimates(weights)
+    assert first.num_tasks == second.num_tasks == 1500
+    assert first.mean == pytest.approx(Estimate.from_samples(losses[:1500]).mean, rel=1e-9)
+    assert second.trimmed_mean == pytest.approx(Estimate.from_samples(losses[1500:]).trimmed_mean, rel=1e-9)
+    assert halves.estimate(weights).mean == pytest.approx(direct.mean, rel=1e-9)
 
 
 def test_deeper_starts_keep_the_function_or_copy_a_layer():
@@ -73,21 +80,23 @@ def test_a_fit_lowers_its_weighted_objective_and_the_kept_one_is_light_tailed():
     start = deeper_starts(TWO_LAYERS)["copy of layer 1"]
     fitted = fit_gdpp(tasks, start, 30.0, SMALL)
     assert tasks.objective(fitted, 30.0) < 0.5 * tasks.objective(start, 30.0)
-    check = CheckTasks(SMALL.check_tasks, seed=6)
+    check = CheckTasks(SMALL.check_tasks, seed=6, samples=SMALL.check_samples)
     best = light_tailed_fit(deeper_starts(TWO_LAYERS), SMALL, tasks, check)
-    estimate = Estimate(*best["check"])
-    assert not estimate.heavy_tailed(SMALL.check_stderr, SMALL.check_trimmed_gap)
-    assert estimate.mean == pytest.approx(check.estimate(best["weights"]).mean, rel=1e-12)
+    assert len(best["check"]) == SMALL.check_samples   # light-tailed on every sample
+    assert not any(Estimate(*entry).heavy_tailed(SMALL.check_stderr, SMALL.check_trimmed_gap)
+               for entry in best["check"])
+    assert best["mean"] == pytest.approx(check.estimate(best["weights"]).mean, rel=1e-12)
     # the starts compete as they are, so the kept model is no worse than the shallower one deepened
-    assert estimate.mean <= check.estimate(deeper_starts(TWO_LAYERS)["pass-through before layer 0"]).mean
+    assert best["mean"] <= check.estimate(deeper_starts(TWO_LAYERS)["pass-through before layer 0"]).mean
     # and three layers do better than two here
-    assert estimate.mean < 0.5 * check.estimate(TWO_LAYERS).mean
+    assert best["mean"] < 0.5 * check.estimate(TWO_LAYERS).mean
 
 
 def test_a_noiseless_fit_setting_is_checked_and_survives_config_json():
     for bad, words in ((dict(depths=(1,)), "depths"), (dict(rare_weights=()), "rare_weights"),
                        (dict(smallest=-1.0), "smallest"), (dict(fit_tasks=1), "fit_tasks"),
                        (dict(rounds=True), "rounds"), (dict(adam_steps=-1), "adam_steps"),
+                       (dict(check_samples=0), "check_samples"),
                        (dict(adam_learning_rate=0.0), "adam_learning_rate")):
         with pytest.raises(Table1Error, match=words):
             run_table1("unused", replace(BUDGETS["quick"], noiseless_fit=replace(SMALL, **bad)))
@@ -123,7 +132,7 @@ def test_a_run_offers_the_fit_to_every_variant_of_the_noiseless_cell_and_resumes
         assert torch.allclose(checkpoint.model.final_weights(batch), reference, rtol=1e-9, atol=1e-12)
         assert checkpoint.metadata["fitted_from"] == ["gdpp-L2-u0-s0", "gdpp-L3-u0-s0"]
     fit = models["gdpp"].metadata["fit"]
-    assert not Estimate(*fit["check"]).heavy_tailed(SMALL.check_stderr, SMALL.check_trimmed_gap)
+    assert not any(Estimate(*entry).heavy_tailed(SMALL.check_stderr, SMALL.check_trimmed_gap) for entry in fit["check"])
     # each 3-layer cell chose on stretched and on plain tasks, by the rule
     for variant in ("gdpp", "diag", "full"):
         saved = json.loads((out / "selections" / f"{variant}-L3-u0.json").read_text())

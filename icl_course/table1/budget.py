@@ -363,7 +363,8 @@ def _check_noiseless_fit(fit) -> None:
         if not values or any(isinstance(value, bool) or not isinstance(value, (int, float))
                              or not 0 < value < math.inf for value in values):
             raise Table1Error(f"NoiselessFit.{name} must be positive numbers; got {getattr(fit, name)!r}")
-    for name, least in (("fit_tasks", 2), ("check_tasks", 2), ("adam_steps", 0), ("rounds", 1), ("iterations", 1)):
+    for name, least in (("fit_tasks", 2), ("check_tasks", 2), ("check_samples", 1), ("adam_steps", 0), ("rounds", 1),
+                        ("iterations", 1)):
         value = getattr(fit, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise Table1Error(f"NoiselessFit.{name} must be an integer of at least {least}; got {value!r}")

@@ -220,7 +220,8 @@ class StackTrainer:
             self.log(f"fitting the light-tailed noiseless GD++ of {depth} layers from {', '.join(sources)}")
             started = time.perf_counter()
             if self.noiseless_tasks is None:
-                self.noiseless_tasks = FitTasks(setting, seed=1200), CheckTasks(setting.check_tasks, seed=1300)
+                self.noiseless_tasks = (FitTasks(setting, seed=1200),
+                                        CheckTasks(setting.check_tasks, seed=1300, samples=setting.check_samples))
             candidates = {candidate.name: gdpp_weights(candidate.model) for candidate in trained}
             candidates.update({f"{candidate.name}, {position}": weights for candidate in shallower
                                for position, weights in deeper_starts(gdpp_weights(candidate.model)).items()})
@@ -231,7 +232,7 @@ class StackTrainer:
                 return
             model = gdpp_model(best["weights"])
             metadata = {"status": "finished", "steps": setting.adam_steps + setting.rounds * setting.iterations,
-                        "final_loss": best["check"][0],
+                        "final_loss": best["mean"],
                         "wall_time": time.perf_counter() - started, "budget": self.budget.name, "device": "cpu",
                         "dtype": "float64", "command": self.command, "fitted_from": sources,
                         "fit": {key: value for key, value in best.items() if key != "weights"}}
