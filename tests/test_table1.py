@@ -483,9 +483,13 @@ def test_merge_runs_gathers_a_depth_without_seeds_by_its_deepened_models(tmp_pat
                 for position in (0, depth - 2):
                     if (depth, variant, column, position) != (5, "full", "7", 3):   # one 5-layer model is missing
                         write(f"{table1.model_name(variant, depth, column, 0)}-d{position}")
+    for variant in VARIANTS:   # the noiseless column's fits (NoiselessFit) come along with their depth
+        for depth in (4, 5):
+            write(f"{table1.model_name(variant, depth, '0', 0)}-fit")
     assert merge_runs([folder], tmp_path / "merged", "gpu") == (1, 2, 3, 4)
     copied = {path.name for path in (tmp_path / "merged" / "models").iterdir()}
     assert "full-L4-u7-s0-d2.pt" in copied and not any("-L5-" in name for name in copied)
+    assert {name for name in copied if name.endswith("-fit.pt")} == {f"{v}-L4-u0-s0-fit.pt" for v in VARIANTS}
 
 
 def test_two_phases_and_nested_starts_continue_the_right_models_and_resume(tmp_path):

@@ -86,7 +86,8 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
     ``folders`` are ``--out`` folders of ``icl-course table1`` runs of one ``budget``, for instance
     one process per variant on one GPU (````icl-course table1 --jobs N````).  Every depth that those
     runs finished for all variants, columns and seeds, from the shallowest on, is copied into ``out``
-    (with every deepened candidate of those depths the runs finished), whose ``config.json`` then names
+    (with every deepened candidate and noiseless fit of those depths the runs finished), whose ``config.json`` then
+    names
     exactly those depths; scoring ``out`` with the ordinary command
     and ``--depths`` of the returned tuple trains nothing and only tunes, selects and evaluates.
     Returns the depths gathered (empty if not even 1 layer was finished everywhere).
@@ -116,6 +117,11 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
             for found in models:
                 if found.startswith(name) and found[len(name):-len(".pt")].isdigit():
                     shutil.copy2(models[found], out / "models" / found)
+        # and the noiseless column's fits (NoiselessFit), with their times: the deeper models deepened from
+        # a fit are not trained again, and the fits are not made again
+        for found in models:
+            if found.endswith("-fit.pt") and found.split("-")[1] == f"L{depth}":
+                shutil.copy2(models[found], out / "models" / found)
     return tuple(depths)
 
 
