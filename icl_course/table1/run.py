@@ -86,10 +86,9 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
     ``folders`` are ``--out`` folders of ``icl-course table1`` runs of one ``budget``, for instance
     one process per variant on one GPU (````icl-course table1 --jobs N````).  Every depth that those
     runs finished for all variants, columns and seeds, from the shallowest on, is copied into ``out``
-    (with every deepened candidate and noiseless fit of those depths the runs finished), whose ``config.json`` then
-    names
-    exactly those depths; scoring ``out`` with the ordinary command
-    and ``--depths`` of the returned tuple trains nothing and only tunes, selects and evaluates.
+    (with every deepened candidate and noiseless fit of those depths the runs finished), whose ``config.json``
+    then names exactly those depths; scoring ``out`` with the ordinary command and ``--depths`` of the returned
+    tuple trains nothing and only tunes, selects and evaluates.
     Returns the depths gathered (empty if not even 1 layer was finished everywhere).
     """
     if budget not in BUDGETS:
