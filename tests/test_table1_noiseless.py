@@ -174,3 +174,12 @@ def test_replace_columns_keeps_the_base_and_takes_the_parts_columns(tmp_path):
     with pytest.raises(SystemExit):   # never over a folder with something in it
         script.main(["--base", str(tmp_path / "base"), "--part", str(tmp_path / "part"), "--out",
                      str(tmp_path / "out")])
+
+
+def test_a_fit_at_a_depth_run_alone_starts_from_that_depths_trained_gdpp(tmp_path):
+    options = dict(depths=(3,), columns=["0"], variants=["gdpp"], progress=False, verbose=False, steps=30,
+                   batch_size=64, seeds=(0,), tuning_tasks=1000, eval_tasks=2000, eval_tasks_deep=2000,
+                   chunk_size=1000, checkpoint_every=10, learning_rate=1e-2, warmup_steps=5, noiseless_fit=SMALL)
+    rows = run_table1(tmp_path / "run", "quick", device="cpu", **options)
+    fit = load_checkpoint(tmp_path / "run" / "models" / "gdpp-L3-u0-s0-fit.pt", device="cpu")
+    assert fit.metadata["fitted_from"] == ["gdpp-L3-u0-s0"] and [row["depth"] for row in rows if row["depth"]] == [3]

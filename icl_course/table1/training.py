@@ -209,9 +209,11 @@ class StackTrainer:
         def cell(at):
             return [candidate for candidate in self.candidates.values()
                     if (candidate.variant, candidate.depth, candidate.column) == ("gdpp", at, "0")]
-        kept = cell_choice(self.out, self.budget, "0", f"gdpp-L{depth - 1}", cell(depth - 1), self.device)[0]
-        shallower = [kept] + [candidate for candidate in cell(depth - 1)
-                              if candidate.name.endswith("-fit") and candidate.name != kept.name]
+        shallower = []   # none where the run does not train the depth above (``--depths 4``)
+        if cell(depth - 1):
+            kept = cell_choice(self.out, self.budget, "0", f"gdpp-L{depth - 1}", cell(depth - 1), self.device)[0]
+            shallower = [kept] + [candidate for candidate in cell(depth - 1)
+                                  if candidate.name.endswith("-fit") and candidate.name != kept.name]
         trained = [candidate for candidate in cell(depth) if candidate.finished and candidate.name != names["gdpp"]]
         sources = sorted(candidate.name for candidate in [*shallower, *trained])
         if not all(path.exists() for path in paths.values()) \
