@@ -21,10 +21,10 @@ from icl_course.table1.noiseless import (
     light_tailed_fit,
 )
 
-SMALL = NoiselessFit(depths=(3,), rare_weights=(10.0, 30.0), fit_tasks=4000, check_tasks=10_000, check_samples=2,
+SMALL = NoiselessFit(depths=(3,), rare_weights=(10.0, 30.0), fit_tasks=4000, check_tasks=40_000, check_samples=2,
                      adam_steps=50, rounds=1, iterations=20)
-#: a 2-layer noiseless GD++ (w_xx, w_yx per layer) near the best of its class, the start of the fits below
-TWO_LAYERS = torch.tensor([[-0.02, -0.3], [-0.03, -0.35]], dtype=torch.float64)
+#: a 2-layer noiseless GD++ (w_xx, w_yx per layer): the shipped cpu run's, rounded (0.34, the paper's 0.341)
+TWO_LAYERS = torch.tensor([[-0.012, 0.004], [-0.034, -0.141]], dtype=torch.float64)
 
 
 def test_gdpp_weights_and_gdpp_model_are_inverse_and_keep_the_function():
@@ -86,10 +86,10 @@ def test_a_fit_lowers_its_weighted_objective_and_the_kept_one_is_light_tailed():
     assert not any(Estimate(*entry).heavy_tailed(SMALL.check_stderr, SMALL.check_trimmed_gap)
                for entry in best["check"])
     assert best["mean"] == pytest.approx(check.estimate(best["weights"]).mean, rel=1e-12)
-    # the starts compete as they are, so the kept model is no worse than the shallower one deepened
-    assert best["mean"] <= check.estimate(deeper_starts(TWO_LAYERS)["pass-through before layer 0"]).mean
-    # and three layers do better than two here
-    assert best["mean"] < 0.5 * check.estimate(TWO_LAYERS).mean
+    # the starts compete as they are, but here a fit wins, well below every start and the two-layer model
+    assert best["rare_weight"] in SMALL.rare_weights
+    assert best["mean"] < 0.5 * min(check.estimate(start).mean for start in deeper_starts(TWO_LAYERS).values())
+    assert best["mean"] < 0.2 * check.estimate(TWO_LAYERS).mean
 
 
 def test_a_noiseless_fit_setting_is_checked_and_survives_config_json():
