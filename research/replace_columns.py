@@ -48,8 +48,11 @@ def main(argv=None) -> None:
     parser.add_argument("--part", type=Path, required=True, help="a run of some columns, which replace the base's")
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the combined run")
     args = parser.parse_args(argv)
-    base_config, base_rows, base_models = read_run(args.base)
-    part_config, part_rows, part_models = read_run(args.part)
+    try:
+        base_config, base_rows, base_models = read_run(args.base)
+        part_config, part_rows, part_models = read_run(args.part)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:   # torch.load raises RuntimeError on a bad file
+        parser.error(f"--base and --part must be finished runs' folders (results.json and models.pt): {error}")
     if base_config["budget"]["name"] != part_config["budget"]["name"]:
         parser.error(f"the runs are of different budgets: {base_config['budget']['name']!r} and "
                      f"{part_config['budget']['name']!r}")

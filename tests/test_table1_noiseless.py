@@ -174,6 +174,9 @@ def test_replace_columns_keeps_the_base_and_takes_the_parts_columns(tmp_path):
     with pytest.raises(SystemExit):   # never over a folder with something in it
         script.main(["--base", str(tmp_path / "base"), "--part", str(tmp_path / "part"), "--out",
                      str(tmp_path / "out")])
+    with pytest.raises(SystemExit):   # a folder that is not a finished run: a usage message, not a traceback
+        script.main(["--base", str(tmp_path / "nowhere"), "--part", str(tmp_path / "part"), "--out",
+                     str(tmp_path / "other")])
 
 
 def test_a_fit_at_a_depth_run_alone_starts_from_that_depths_trained_gdpp(tmp_path):

@@ -7,7 +7,7 @@ light-tail test pull apart there.  On noiseless tasks a GD++ model's loss is a f
 ``X^T X`` and of two numbers per layer (:func:`icl_course.theory.gdpp_residual`), so a GD++ that passes the
 test can be fitted outright: minimise the expected loss with the rare tasks weighted up, which trades some of
 the mean for a light tail, and keep, over a few weights and starts, the fit with the lowest mean among those
-that pass the test on a plain sample with room to spare.  A run of a budget with a :class:`NoiselessFit`
+that pass the test with room to spare on each of a few plain samples.  A run of a budget with a :class:`NoiselessFit`
 offers these fits (and the same functions as Diag and Full models, :func:`~icl_course.models.widen`) as
 candidates of the noiseless column's deep cells.
 """
