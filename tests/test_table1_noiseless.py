@@ -21,8 +21,8 @@ from icl_course.table1.noiseless import (
     light_tailed_fit,
 )
 
-SMALL = NoiselessFit(depths=(3,), rare_weights=(10.0, 30.0), fit_tasks=4000, check_tasks=40_000, check_samples=2,
-                     adam_steps=50, rounds=1, iterations=20)
+SMALL = NoiselessFit(depths=(3,), rare_weights=(10.0, 30.0), fit_tasks=4000, pool_tasks=200_000,
+                     check_tasks=40_000, check_samples=2, adam_steps=50, rounds=1, iterations=20)
 #: a 2-layer noiseless GD++ (w_xx, w_yx per layer): the shipped cpu run's, rounded (0.34, the paper's 0.341)
 TWO_LAYERS = torch.tensor([[-0.012, 0.004], [-0.034, -0.141]], dtype=torch.float64)
 
@@ -61,6 +61,24 @@ def test_the_check_tasks_give_the_models_own_losses_through_the_spectrum():
     assert halves.estimate(weights).mean == pytest.approx(direct.mean, rel=1e-9)
 
 
+def test_the_fit_tasks_are_a_stratified_sample_of_the_plain_law_with_every_rare_task():
+    tasks = FitTasks(SMALL, seed=8)
+    smallest, largest = tasks.eigenvalues[:, 0], tasks.eigenvalues[:, -1]
+    assert torch.equal(tasks.rare, (smallest < SMALL.smallest) | (largest > SMALL.largest))
+    share = SMALL.fit_tasks / SMALL.pool_tasks
+    assert torch.equal(tasks.weight, torch.where(tasks.rare, 1.0, 1 / share).double())
+    # weighted back, the sample counts the pool, and each rare task stands for itself
+    assert tasks.weight.sum().item() == pytest.approx(SMALL.pool_tasks, rel=4 * (1 / SMALL.fit_tasks) ** 0.5)
+    assert 0 < tasks.rare.sum() < 0.2 * len(tasks.rare)
+    # at rare weight 0 (no guard either) the objective is the model's plain expected loss: the check tasks' mean
+    check = CheckTasks(100_000, seed=9)
+    plain = check.estimate(TWO_LAYERS)
+    allowed = 4 * plain.stderr + 0.02 * plain.mean   # the fit sample's own error: about 1% on 4 000 tasks
+    assert tasks.objective(TWO_LAYERS, 0.0).item() == pytest.approx(plain.mean, abs=allowed)
+    # the guard grid runs from the rare threshold to the cap, beyond the largest eigenvalue of the pool
+    assert tasks.grid.min().item() == SMALL.largest and tasks.grid.max().item() == SMALL.cap > largest.max().item()
+
+
 def test_deeper_starts_keep_the_function_or_copy_a_layer():
     starts = deeper_starts(TWO_LAYERS)
     assert len(starts) == 4 and all(start.shape == (2, 3) for start in starts.values())
@@ -97,7 +115,8 @@ def test_a_noiseless_fit_setting_is_checked_and_survives_config_json():
                        (dict(smallest=-1.0), "smallest"), (dict(fit_tasks=1), "fit_tasks"),
                        (dict(rounds=True), "rounds"), (dict(adam_steps=-1), "adam_steps"),
                        (dict(check_samples=0), "check_samples"),
-                       (dict(adam_learning_rate=0.0), "adam_learning_rate")):
+                       (dict(adam_learning_rate=0.0), "adam_learning_rate"), (dict(pool_tasks=1), "pool_tasks"),
+                       (dict(guard=-1.0), "guard"), (dict(cap=70.0), "cap")):
         with pytest.raises(Table1Error, match=words):
             run_table1("unused", replace(BUDGETS["quick"], noiseless_fit=replace(SMALL, **bad)))
     with pytest.raises(Table1Error, match="NoiselessFit"):

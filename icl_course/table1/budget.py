@@ -357,14 +357,18 @@ def _check_noiseless_fit(fit) -> None:
         raise Table1Error(f"NoiselessFit.depths must be depths 2..7 (each fit deepens the GD++ kept one layer "
                           f"shallower); got {fit.depths!r}")
     numbers = {"rare_weights": fit.rare_weights, "smallest": (fit.smallest,), "largest": (fit.largest,),
-               "adam_learning_rate": (fit.adam_learning_rate,),
+               "cap": (fit.cap,), "guard": (fit.guard,), "adam_learning_rate": (fit.adam_learning_rate,),
                "check_stderr": (fit.check_stderr,), "check_trimmed_gap": (fit.check_trimmed_gap,)}
     for name, values in numbers.items():
         if not values or any(isinstance(value, bool) or not isinstance(value, (int, float))
                              or not 0 < value < math.inf for value in values):
             raise Table1Error(f"NoiselessFit.{name} must be positive numbers; got {getattr(fit, name)!r}")
-    for name, least in (("fit_tasks", 2), ("check_tasks", 2), ("check_samples", 1), ("adam_steps", 0), ("rounds", 1),
-                        ("iterations", 1)):
+    if not fit.smallest < fit.largest < fit.cap:
+        raise Table1Error(f"NoiselessFit needs smallest < largest < cap (rare tasks lie below the first or above the "
+                          f"second, and the fit's guard grid runs from the second to the third); got {fit.smallest!r}, "
+                          f"{fit.largest!r}, {fit.cap!r}")
+    for name, least in (("fit_tasks", 2), ("pool_tasks", 2), ("check_tasks", 2), ("check_samples", 1),
+                        ("adam_steps", 0), ("rounds", 1), ("iterations", 1)):
         value = getattr(fit, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise Table1Error(f"NoiselessFit.{name} must be an integer of at least {least}; got {value!r}")

@@ -5,11 +5,11 @@ tasks whose smallest eigenvalue of ``X^T X`` is near 0.2 carry its mean, and the
 heavier tail still (``research/noiseless_optimum.py`` in the repository).  The lowest mean and the table's
 light-tail test pull apart there.  On noiseless tasks a GD++ model's loss is a function of the spectrum of
 ``X^T X`` and of two numbers per layer (:func:`icl_course.theory.gdpp_residual`), so a GD++ that passes the
-test can be fitted outright: minimise the expected loss with the rare tasks weighted up, which trades some of
-the mean for a light tail, and keep, over a few weights and starts, the fit with the lowest mean among those
-that pass the test with room to spare on each of a few plain samples.  A run of a budget with a :class:`NoiselessFit`
-offers these fits (and the same functions as Diag and Full models, :func:`~icl_course.models.widen`) as
-candidates of the noiseless column's deep cells.
+test can be fitted outright: minimise the expected loss over the column's own law with the rare tasks weighted
+up, which trades some of the mean for a light tail, and keep, over a few weights and starts, the fit with the
+lowest mean among those that pass the test with room to spare on each of ten plain samples.  A run of a budget
+with a :class:`NoiselessFit` offers these fits (and the same functions as
+Diag and Full models, :func:`~icl_course.models.widen`) as candidates of the noiseless column's deep cells.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from ..data import RegressionTasks, StretchedTasks
+from ..data import RegressionTasks
 from ..evaluate import Estimate
 from ..linalg import symmetric_eigh
 from ..models import LinearTransformer
@@ -33,37 +33,39 @@ class NoiselessFit:
     """How a run fits the light-tailed GD++ of the noiseless column's cells at ``depths``.
 
     A task is rare when the smallest eigenvalue of its ``X^T X`` is below ``smallest`` or its largest above
-    ``largest`` (about one task in 900 for the defaults, ``d = 10``, ``n = 20``; the tasks that carry the
-    trained models' tails lie beyond both); its loss counts ``1 + rare_weight`` times in the fitted objective.
+    ``largest`` (about one task in 2 000 for the defaults, ``d = 10``, ``n = 20``; the tasks that carry the
+    trained models' tails lie beyond both); its loss counts ``1 + rare_weight`` times in the fitted objective,
+    and ``r(lambda)^2`` on a grid from ``largest`` to ``cap`` counts ``guard * rare_weight`` (:class:`FitTasks`,
+    a stratified sample of ``pool_tasks`` plain tasks that keeps every rare one and about ``fit_tasks`` others).
     Each ``rare_weight`` is fitted from every start (the trained GD++ candidates of the cell, and the GD++ the
     table keeps one layer shallower and the fit there, each with one more layer: :func:`deeper_starts`) by
-    :func:`fit_gdpp` on ``fit_tasks`` stretched noiseless tasks; a fit counts as light-tailed
-    when, on each of ``check_samples`` samples of ``check_tasks`` plain ones, its standard error is at most
-    ``check_stderr`` of its mean and its mean without the worst 0.01% of the tasks is within ``check_trimmed_gap``
-    of it: 70% of the table's bounds on every sample, since the table scores it on another one.  Below a mean
-    of about 1e-5 (5 layers and more) these statistics vary from one million to the next with the few tasks whose
-    smallest eigenvalue is near 0.2, so with these defaults a fit of 6 layers seldom passes (research/README.md,
-    2026-11-27): the setting is in no named budget yet.
+    :func:`fit_gdpp`; a fit counts as light-tailed when, on each of ``check_samples`` samples of
+    ``check_tasks`` plain tasks, its standard error is at most ``check_stderr`` of its mean and its mean without
+    the worst 0.01% of the tasks is within ``check_trimmed_gap`` of it: 70% of the table's bounds on every
+    sample, since the table scores it on another one.  From 5 layers on one million says little about the next
+    (a task in a million has a smallest eigenvalue near 0.1), hence ten of them.
     """
 
     depths: tuple = (4, 5, 6, 7)
-    rare_weights: tuple = (10.0, 30.0, 100.0, 300.0, 1000.0)
-    smallest: float = 0.5
+    rare_weights: tuple = (30.0, 100.0, 300.0, 1000.0, 3000.0)
+    smallest: float = 0.3
     largest: float = 80.0
     fit_tasks: int = 20_000
     check_tasks: int = 1_000_000
-    check_samples: int = 4
+    check_samples: int = 10
     adam_steps: int = 300
     adam_learning_rate: float = 1e-3
     rounds: int = 2
     iterations: int = 40
     check_stderr: float = 0.014
     check_trimmed_gap: float = 0.035
+    pool_tasks: int = 4_000_000
+    cap: float = 150.0
+    guard: float = 1e-6
 
 
-#: largest eigenvalues of ``X^T X`` beyond this get no weight in the fitted objective (as the selection's
-#: stretched tuning tasks): a few tasks in a billion lie there, and beyond it every deep polynomial explodes
-FIT_CAP = 110.0
+#: eigenvalues in the guard grid of :class:`FitTasks`, from ``largest`` to ``cap``
+GUARD_POINTS = 141
 
 
 def gdpp_weights(model: LinearTransformer) -> torch.Tensor:
@@ -89,23 +91,45 @@ def gdpp_model(weights: torch.Tensor) -> LinearTransformer:
 
 
 class FitTasks:
-    """The spectra of stretched noiseless tasks (the rare ones drawn on purpose), each with its weight back to
-    the column's law and its rare-task flag: the objective a fit minimises."""
+    """The spectra of noiseless tasks a fit minimises over: every rare task of ``pool_tasks`` plain ones and a
+    subsample of about ``fit_tasks`` of the others, each weighted back by its share (a stratified sample of the
+    column's own law), and a grid of eigenvalues from ``largest`` to ``cap``.
 
-    def __init__(self, setting: NoiselessFit, seed: int):
-        tasks = StretchedTasks(D, N, 0.0, largest_eigenvalue_cap=FIT_CAP, dtype=torch.float64,
-                               device="cpu").sample(setting.fit_tasks, seed=seed)
-        kept = tasks.importance_weight > 0
-        X = tasks.X[kept]
-        self.eigenvalues = symmetric_eigh(X.transpose(-1, -2) @ X, eigenvectors=False)   # (B, d), ascending
-        self.weight = tasks.importance_weight[kept]
-        self.rare = (self.eigenvalues[:, 0] < setting.smallest) | (self.eigenvalues[:, -1] > setting.largest)
-        self.num_tasks = setting.fit_tasks
+    The rare spectra are drawn from the plain law, not stretched along an axis (:class:`~icl_course.data.
+    StretchedTasks`): a plain task's large eigenvalue points along any direction, and stretching one coordinate
+    reaches few of them, so the weighted-back sample, unbiased, is at this size almost always low there: 20 000
+    stretched tasks gave ``lambda_max > 100`` a probability of 4e-8 where 20 million plain tasks hold one in a
+    million, and fits left spikes there (research/README.md,
+    second entry of 2026-11-27).  The grid guards the eigenvalues beyond the pool's largest, which a table's
+    million still meets: a task's loss is a sum over its eigenvalues of ``r(lambda)^2`` (averaged over ``w``,
+    :func:`~icl_course.theory.gdpp_residual`), so ``r`` on the grid bounds the loss of any task with such a
+    large eigenvalue.
+    """
+
+    def __init__(self, setting: NoiselessFit, seed: int, chunk_size: int = 200_000):
+        sampler = RegressionTasks(D, N, 0.0, dtype=torch.float64, device="cpu")
+        generator = torch.Generator().manual_seed(seed)
+        share = min(1.0, setting.fit_tasks / setting.pool_tasks)   # of the ordinary tasks, kept
+        eigenvalues, rare = [], []
+        for start in range(0, setting.pool_tasks, chunk_size):
+            X = sampler.sample(min(chunk_size, setting.pool_tasks - start), generator).X
+            values = symmetric_eigh(X.transpose(-1, -2) @ X, eigenvectors=False)   # (B, d), ascending
+            is_rare = (values[:, 0] < setting.smallest) | (values[:, -1] > setting.largest)
+            kept = is_rare | (torch.rand(len(values), generator=generator, dtype=torch.float64) < share)
+            eigenvalues.append(values[kept])
+            rare.append(is_rare[kept])
+        self.eigenvalues, self.rare = torch.cat(eigenvalues), torch.cat(rare)
+        self.weight = torch.where(self.rare, 1.0, 1.0 / share).double()
+        self.num_tasks = setting.pool_tasks
+        self.grid = torch.linspace(setting.largest, setting.cap, GUARD_POINTS, dtype=torch.float64).unsqueeze(0)
+        self.guard = setting.guard
 
     def objective(self, weights: torch.Tensor, rare_weight: float) -> torch.Tensor:
-        """``E[(1 + rare_weight 1{rare}) 1/2 sum_k r(lambda_k)^2]`` (the mean over ``w``), weighted back."""
+        """``E[(1 + rare_weight 1{rare}) 1/2 sum_k r(lambda_k)^2] + guard rare_weight mean_grid r(lambda)^2``
+        (the first term averaged over ``w``, on the stratified sample)."""
         per_task = 0.5 * (gdpp_residual(self.eigenvalues, weights[0], weights[1]) ** 2).sum(-1)
-        return (self.weight * torch.where(self.rare, 1.0 + rare_weight, 1.0) * per_task).sum() / self.num_tasks
+        tasks = (self.weight * torch.where(self.rare, 1.0 + rare_weight, 1.0) * per_task).sum() / self.num_tasks
+        return tasks + self.guard * rare_weight * (gdpp_residual(self.grid, weights[0], weights[1]) ** 2).mean()
 
 
 class CheckTasks:
@@ -126,14 +150,16 @@ class CheckTasks:
         self.eigenvalues, self.components = torch.cat(eigenvalues), torch.cat(components)
         self.num_tasks, self.samples = num_tasks, samples
 
-    def estimates(self, weights: torch.Tensor) -> list[Estimate]:
-        """The GD++'s loss on each sample: mean, standard error and trimmed mean (a model that overflows on
-        some task: an infinite estimate)."""
+    def estimates(self, weights: torch.Tensor, samples: Optional[int] = None) -> list[Estimate]:
+        """The GD++'s loss on each sample (on the first ``samples`` of them when given): mean, standard error and
+        trimmed mean (a model that overflows on some task: an infinite estimate)."""
+        samples = self.samples if samples is None else samples
         with torch.no_grad():
-            residual = gdpp_residual(self.eigenvalues, weights[0], weights[1])
-            losses = 0.5 * (residual**2 * self.components).sum(-1)
+            end = samples * self.num_tasks
+            residual = gdpp_residual(self.eigenvalues[:end], weights[0], weights[1])
+            losses = 0.5 * (residual**2 * self.components[:end]).sum(-1)
         if not torch.isfinite(losses).all():
-            return [Estimate(math.inf, math.inf, self.num_tasks, math.inf)] * self.samples
+            return [Estimate(math.inf, math.inf, self.num_tasks, math.inf)] * samples
         return [Estimate.from_samples(sample) for sample in losses.split(self.num_tasks)]
 
     def estimate(self, weights: torch.Tensor) -> Estimate:
@@ -212,26 +238,31 @@ def deeper_starts(weights: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def light_tailed_fit(starts: dict, setting: NoiselessFit, fit_tasks: FitTasks,
                      check_tasks: CheckTasks) -> Optional[dict]:
-    """The light-tailed model with the lowest mean on ``check_tasks`` among every (2, L) start of ``starts``
-    (name -> weights) and its fits with every ``rare_weight``; None if none passes.  The starts compete as they
-    are (``rare_weight`` None): a light-tailed shallower model with a pass-through layer keeps its place
-    whatever the fits do.
+    """The light-tailed model with the lowest mean among every (2, L) start of ``starts`` (name -> weights) and
+    its fits with every ``rare_weight``; None if none passes.  The starts compete as they are (``rare_weight``
+    None): a light-tailed shallower model with a pass-through layer keeps its place whatever the fits do.
 
-    A model is light-tailed when it passes on every one of ``check_tasks``' samples; it competes on its mean
-    over all of them.
+    A model is light-tailed when it passes on every one of ``check_tasks``' samples.  Every model is scored on
+    the first sample; those that pass there are checked on all the others in the order of that mean, and the
+    first to pass on all of them is kept (so a run checks a few models, not all, on many millions).
 
     Returns ``{"weights": (2, L), "start": name, "rare_weight": w, "mean": mean over the samples, "check":
     [[mean, stderr, tasks, trimmed mean] of each sample]}``.
     """
-    best = None
+    def light(checks):
+        return not any(check.heavy_tailed(setting.check_stderr, setting.check_trimmed_gap) for check in checks)
+
+    passed_first = []
     for name, start in starts.items():
         for rare_weight in (None, *setting.rare_weights):
             weights = start.double() if rare_weight is None else fit_gdpp(fit_tasks, start, rare_weight, setting)
-            checks = check_tasks.estimates(weights)
-            light = not any(check.heavy_tailed(setting.check_stderr, setting.check_trimmed_gap) for check in checks)
-            mean = sum(check.mean for check in checks) / len(checks)
-            if light and (best is None or mean < best["mean"]):
-                best = {"weights": weights, "start": name, "rare_weight": rare_weight, "mean": mean,
-                        "check": [[check.mean, check.stderr, check.num_tasks, check.trimmed_mean]
-                                  for check in checks]}
-    return best
+            first = check_tasks.estimates(weights, samples=1)
+            if light(first):
+                passed_first.append((first[0].mean, name, rare_weight, weights))
+    for _, name, rare_weight, weights in sorted(passed_first, key=lambda entry: entry[0]):
+        checks = check_tasks.estimates(weights)
+        if light(checks):
+            return {"weights": weights, "start": name, "rare_weight": rare_weight,
+                    "mean": sum(check.mean for check in checks) / len(checks),
+                    "check": [[check.mean, check.stderr, check.num_tasks, check.trimmed_mean] for check in checks]}
+    return None
