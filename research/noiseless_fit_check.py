@@ -48,30 +48,32 @@ def per_million(check: CheckTasks, weights: torch.Tensor) -> str:
     mean = sum(estimate.mean for estimate in estimates) / len(estimates)
     return (f"mean {mean:.3g}; worst standard error {max(stderr):.2%}; trimmed mean below the mean: median "
             f"{sorted(gap)[len(gap) // 2]:.2%}, worst {max(gap):.2%}; fails the table's test on {fails} of "
-            f"{len(estimates)} millions ({fails70} at 70% of it)")
+            f"{len(estimates)} samples ({fails70} at 70% of it)")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, default=Path("icl_course/pretrained/table1_cpu"))
-    parser.add_argument("--millions", type=int, default=20)
+    parser.add_argument("--millions", type=int, default=20, help="independent samples")
+    parser.add_argument("--tasks", type=int, default=1_000_000, help="tasks a sample (the table's: a million)")
     parser.add_argument("--depths", type=int, nargs="+", default=[4, 5, 6, 7])
     parser.add_argument("--seed", type=int, default=7000)
     parser.add_argument("--stretched", type=int, default=20_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(2)
 
     started = time.perf_counter()
-    check = CheckTasks(1_000_000, seed=args.seed, samples=args.millions)
+    check = CheckTasks(args.tasks, seed=args.seed, samples=args.millions)
     largest = check.eigenvalues[:, -1]
-    print(f"{args.millions} plain millions drawn in {time.perf_counter() - started:.0f} s; smallest eigenvalue "
-          f"below 0.22: {(check.eigenvalues[:, 0] < 0.22).sum().item() / args.millions:.1f} tasks a million; "
+    print(f"{args.millions} plain samples of {args.tasks} tasks drawn in {time.perf_counter() - started:.0f} s; "
+          f"smallest eigenvalue below 0.22: {(check.eigenvalues[:, 0] < 0.22).sum().item() / args.millions:.1f} "
+          f"tasks a sample; "
           f"largest above 100: {(largest > 100).sum().item()}, above 110: {(largest > 110).sum().item()}")
     stretched = StretchedTasks(D, N, 0.0, dtype=torch.float64, device="cpu").sample(args.stretched, seed=1200)
     top = symmetric_eigh(stretched.X.transpose(-1, -2) @ stretched.X, eigenvectors=False)[:, -1]
     weighted = (stretched.importance_weight * (top > 100)).sum().item() / args.stretched
     print(f"P(lambda_max > 100): {weighted:.2g} from {args.stretched} stretched tasks weighted back, "
-          f"{(largest > 100).float().mean().item():.2g} on the plain millions")
+          f"{(largest > 100).float().mean().item():.2g} on the plain samples")
 
     for depth in args.depths:
         kept = load_table1_model("gdpp", depth, "0", args.run)

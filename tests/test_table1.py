@@ -930,6 +930,19 @@ def test_the_noiseless_tails_script_names_the_eigenvalues_of_each_models_worst_t
     assert 0 < low < high
 
 
+def test_the_noiseless_fit_check_script_scores_the_kept_gdpp_on_many_samples(capsys):
+    from icl_course.table1.noiseless import CheckTasks, gdpp_weights
+
+    check_script = research_script("noiseless_fit_check")
+    check_script.main(["--millions", "2", "--tasks", "20000", "--depths", "4", "--stretched", "2000"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("2 plain samples of 20000 tasks drawn")
+    assert lines[1].startswith("P(lambda_max > 100): ")
+    # the mean it prints is the kept model's own mean over the two samples (spectral, exact per task)
+    mean = CheckTasks(20000, seed=7000, samples=2).estimate(gdpp_weights(load_table1_model("gdpp", 4, "0"))).mean
+    assert lines[2].startswith(f"4 layers, the kept GD++: mean {mean:.3g};") and lines[2].endswith("at 70% of it)")
+
+
 def test_the_cell_samples_script_scores_the_selected_model_on_other_samples(capsys):
     from icl_course.evaluate import adjusted_losses
     from icl_course.table1 import column_noise
