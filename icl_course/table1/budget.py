@@ -212,7 +212,9 @@ BUDGETS = {
                 **{depth: Deepening(variants=("gdpp", "diag"), positions=(0, depth - 2), start="selected")
                    for depth in _DEEP}},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
-        description="depths 1-7 on a 2-core CPU in about two hours (resumable), the recipe of research/README.md"),
+        noiseless_fit=NoiselessFit(),
+        description="depths 1-7 on a 2-core CPU in about two and a half hours (resumable), the recipe of "
+                    "research/README.md"),
     "gpu": Budget(
         # the cpu recipe scaled up: four times the batch, twice the steps, a third seed where seeds train
         "gpu", depths=(1, 2, 3, 4, 5, 6, 7), steps={1: 2000, 2: 6000, 3: 10000, **dict.fromkeys(_DEEP, 10000)},
@@ -227,6 +229,7 @@ BUDGETS = {
                 **{depth: Deepening(variants=("gdpp", "diag"), positions=(0, depth - 2), steps=4000, start="selected")
                    for depth in _DEEP}},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=50_000, checkpoint_every=1000,
+        noiseless_fit=NoiselessFit(),
         description="the cpu recipe scaled up (batch 2048, twice the steps, three seeds) for one GPU"),
     "paper": Budget(
         # the paper's own training as the seeds' candidates; from 4 layers on, every variant also gets two
@@ -238,6 +241,7 @@ BUDGETS = {
                 **{depth: Deepening(variants=("gdpp", "diag", "full"), positions=(0, depth - 2), steps=50_000,
                                     learning_rate=1e-4, warmup_steps=0, start="selected") for depth in _DEEP}},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, checkpoint_every=5000,
+        noiseless_fit=NoiselessFit(),
         description="the paper's budget (Adam, lr 1e-4, batch 2048, 200 000 steps, best of 5 seeds) for a GPU, "
                     "with candidates deepened from the shallower model the table keeps from 4 layers on"),
 }

@@ -43,8 +43,8 @@ class NoiselessFit:
     ``check_tasks`` plain tasks, its standard error is at most ``check_stderr`` of its mean and its mean without
     the worst 0.01% of the tasks is within ``check_trimmed_gap`` of it: 70% of the table's bounds on every
     sample, since the table scores it on another one.  From 5 layers on one million says little about the next
-    (a task in a million has a smallest eigenvalue near 0.1), hence ten of them.  The setting is in no named
-    budget until the shipped run's noiseless column is made with it (research/README.md, second entry of
+    (a task in a million has a smallest eigenvalue near 0.1), hence ten of them.  Every named budget from
+    ``cpu`` up uses these defaults; why they are what they are is in research/README.md (second entry of
     2026-11-27).
     """
 
