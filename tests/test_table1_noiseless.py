@@ -11,6 +11,7 @@ from icl_course.data import RegressionTasks
 from icl_course.evaluate import Estimate, query_averaged_loss
 from icl_course.models import LinearTransformer
 from icl_course.table1 import BUDGETS, NoiselessFit, Table1Error, pick_candidate, run_table1
+from icl_course.table1.budget import _check_noiseless_fit
 from icl_course.table1.noiseless import (
     CheckTasks,
     FitTasks,
@@ -20,6 +21,7 @@ from icl_course.table1.noiseless import (
     gdpp_weights,
     light_tailed_fit,
 )
+from icl_course.theory import gdpp_residual
 
 SMALL = NoiselessFit(depths=(3,), rare_weights=(10.0, 30.0), fit_tasks=4000, pool_tasks=200_000,
                      check_tasks=40_000, check_samples=2, adam_steps=50, rounds=1, iterations=20)
@@ -84,7 +86,6 @@ def test_deeper_starts_keep_the_function_or_copy_a_layer():
     assert len(starts) == 4 and all(start.shape == (2, 3) for start in starts.values())
     assert len(deeper_starts(TWO_LAYERS[:, :1])) == 2   # one layer: first and last are the same
     spectrum = torch.linspace(0.1, 100, 50, dtype=torch.float64)
-    from icl_course.theory import gdpp_residual
     shallow = gdpp_residual(spectrum, *TWO_LAYERS)
     for name, start in starts.items():
         if name.startswith("pass-through"):
@@ -110,6 +111,33 @@ def test_a_fit_lowers_its_weighted_objective_and_the_kept_one_is_light_tailed():
     assert best["mean"] < 0.2 * check.estimate(TWO_LAYERS).mean
 
 
+def test_the_kept_fit_passes_on_every_check_sample_not_only_the_first():
+    """The staged check: a model that passes on the first sample but fails on a later one is not kept, even with
+    the lowest mean; a model heavy on the first sample is never checked on the others."""
+    light, heavy = Estimate(1.0, 0.001, 1000, 0.99), Estimate(0.5, 0.5, 1000, 0.01)
+    script = {"low, fails later": [Estimate(0.5, 0.001, 1000, 0.495), heavy],   # (mean on the first sample, ...)
+              "middle, light": [light, light],
+              "lowest, heavy first": [heavy, light]}
+
+    class ScriptedChecks:
+        def __init__(self):
+            self.full_checks = []
+
+        def estimates(self, weights, samples=None):
+            name = next(name for name, start in starts.items() if torch.equal(start, weights))
+            if samples is None:
+                self.full_checks.append(name)
+            return script[name][:samples]
+
+    starts = {name: torch.full((2, 2), float(index)) for index, name in enumerate(script)}
+    checks = ScriptedChecks()
+    kept = light_tailed_fit(starts, replace(SMALL, rare_weights=()), fit_tasks=None, check_tasks=checks)
+    assert kept["start"] == "middle, light" and kept["rare_weight"] is None and kept["mean"] == 1.0
+    assert checks.full_checks == ["low, fails later", "middle, light"]   # in the order of the first mean
+    script["middle, light"] = [light, heavy]
+    assert light_tailed_fit(starts, replace(SMALL, rare_weights=()), None, ScriptedChecks()) is None
+
+
 def test_a_noiseless_fit_setting_is_checked_and_survives_config_json():
     for bad, words in ((dict(depths=(1,)), "depths"), (dict(rare_weights=()), "rare_weights"),
                        (dict(smallest=-1.0), "smallest"), (dict(fit_tasks=1), "fit_tasks"),
@@ -121,6 +149,12 @@ def test_a_noiseless_fit_setting_is_checked_and_survives_config_json():
             run_table1("unused", replace(BUDGETS["quick"], noiseless_fit=replace(SMALL, **bad)))
     with pytest.raises(Table1Error, match="NoiselessFit"):
         run_table1("unused", replace(BUDGETS["quick"], noiseless_fit={"depths": [3]}))
+    _check_noiseless_fit(replace(SMALL, guard=0.0))   # no guard grid: allowed, and it leaves the tasks' mean alone
+    tasks, unguarded = FitTasks(SMALL, seed=3), FitTasks(replace(SMALL, guard=0.0), seed=3)
+    assert unguarded.objective(TWO_LAYERS, 30.0) < tasks.objective(TWO_LAYERS, 30.0)
+    guard_term = SMALL.guard * 30.0 * (gdpp_residual(tasks.grid, *TWO_LAYERS) ** 2).mean()
+    assert unguarded.objective(TWO_LAYERS, 30.0).item() == pytest.approx(
+        (tasks.objective(TWO_LAYERS, 30.0) - guard_term).item(), rel=1e-12)
     data = replace(BUDGETS["quick"], noiseless_fit=SMALL).as_dict()
     assert json.loads(json.dumps(data)) == data and data["noiseless_fit"]["depths"] == [3]
     assert "noiseless_fit" not in BUDGETS["quick"].as_dict()   # runs made before the setting keep their config

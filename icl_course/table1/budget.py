@@ -364,9 +364,11 @@ def _check_noiseless_fit(fit) -> None:
                "cap": (fit.cap,), "guard": (fit.guard,), "adam_learning_rate": (fit.adam_learning_rate,),
                "check_stderr": (fit.check_stderr,), "check_trimmed_gap": (fit.check_trimmed_gap,)}
     for name, values in numbers.items():
+        least = 0 if name == "guard" else math.ulp(0)   # guard 0: no guard grid
         if not values or any(isinstance(value, bool) or not isinstance(value, (int, float))
-                             or not 0 < value < math.inf for value in values):
-            raise Table1Error(f"NoiselessFit.{name} must be positive numbers; got {getattr(fit, name)!r}")
+                             or not least <= value < math.inf for value in values):
+            kind = "a number of at least 0" if name == "guard" else "positive numbers"
+            raise Table1Error(f"NoiselessFit.{name} must be {kind}; got {getattr(fit, name)!r}")
     if not fit.smallest < fit.largest < fit.cap:
         raise Table1Error(f"NoiselessFit needs smallest < largest < cap (rare tasks lie below the first or above the "
                           f"second, and the fit's guard grid runs from the second to the third); got {fit.smallest!r}, "

@@ -35,8 +35,9 @@ class NoiselessFit:
     A task is rare when the smallest eigenvalue of its ``X^T X`` is below ``smallest`` or its largest above
     ``largest`` (about one task in 2 000 for the defaults, ``d = 10``, ``n = 20``; the tasks that carry the
     trained models' tails lie beyond both); its loss counts ``1 + rare_weight`` times in the fitted objective,
-    and ``r(lambda)^2`` on a grid from ``largest`` to ``cap`` counts ``guard * rare_weight`` (:class:`FitTasks`,
-    a stratified sample of ``pool_tasks`` plain tasks that keeps every rare one and about ``fit_tasks`` others).
+    and ``r(lambda)^2`` on a grid from ``largest`` to ``cap`` counts ``guard * rare_weight`` (``guard = 0``: no
+    guard; :class:`FitTasks`, a stratified sample of ``pool_tasks`` plain tasks that keeps every rare one and
+    about ``fit_tasks`` others).
     Each ``rare_weight`` is fitted from every start (the trained GD++ candidates of the cell, and the GD++ the
     table keeps one layer shallower and the fit there, each with one more layer: :func:`deeper_starts`) by
     :func:`fit_gdpp`; a fit counts as light-tailed when, on each of ``check_samples`` samples of
