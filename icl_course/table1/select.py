@@ -30,9 +30,9 @@ LIGHT_TAIL_STDERR = 0.02
 #: noiseless column the losses are so small that tasks rarer than one in a million, with an unusually large
 #: eigenvalue of ``Sigma``, decide the mean, and a plain million tuning tasks rarely meets them
 STRETCHED_COLUMNS = ("0",)
-#: ... truncated at this largest eigenvalue of ``Sigma`` (``d = 10``, ``n = 20``: about one task in 20 million is
-#: above it, 20 plain millions held one at 112, research/README.md; the median is about 49): beyond it every deep
-#: trained model's polynomial explodes, so the comparison is on the spectra a sample of practical size meets
+#: ... truncated at this largest eigenvalue of ``Sigma`` (``d = 10``, ``n = 20``: of the order of one task in 20
+#: million is above it, 20 plain millions held one at 112, research/README.md; the median is about 49): beyond it
+#: every deep trained model's polynomial explodes, so the comparison is on the spectra a sample of practical size meets
 STRETCHED_CAP = 110.0
 
 
