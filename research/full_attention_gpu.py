@@ -39,6 +39,9 @@ and the 4-layer quasi-Newton LFOM again on stretched batches (``FULL_ATTENTION_S
     python research/full_attention_gpu.py train --device cpu --processes 1 --steps 3000 --parts quasi_newton \
         --depths 4 --out trained_3000.pt            # 334 s
     python research/full_attention_gpu.py score trained_12000.pt trained_3000.pt   # 261 s
+    python research/full_attention_gpu.py train --device cpu --processes 2 --steps 24000 --parts quasi_newton \
+        --depths 4 --out trained_24000.pt           # 2 620 s (its 12 000-step models are the shipped ones)
+    python research/full_attention_gpu.py score trained_24000.pt                    # 147 s
 
 ``--parts``, ``--depths`` and ``--heads`` train some groups only; ``score`` merges each (part, key, depth) at its
 length).

@@ -69,14 +69,14 @@ def train_and_score(family: str, setting: str, steps: int, stretched: bool, task
 
 
 def score_lengths(setting: str, depth: int, tasks: int, results=None) -> dict:
-    """The shipped quasi-Newton LFOM (every entry of ``P`` and ``Q``) of ``depth`` layers at every training length,
-    on ``tasks`` stretched tasks: ``{steps: [(mean, stderr) per seed]}``."""
+    """The shipped quasi-Newton LFOM (every entry of ``P`` and ``Q``) of ``depth`` layers at every training length
+    the file has for that depth, on ``tasks`` stretched tasks: ``{steps: [(mean, stderr) per seed]}``."""
     results = results or memformer.load_experiments()
     seeds, samplers = _samplers(setting)
     family = memformer.FULL_ATTENTION["quasi_newton"][0]
     trained = {results["full_attention_steps"]: results["quasi_newton"], **{
         steps: parts["quasi_newton"] for steps, parts in results.get("full_attention_lengths", {}).items()
-        if "quasi_newton" in parts}}
+        if depth in parts.get("quasi_newton", {}).get(setting, {})}}   # longer trainings cover some depths only
     out = {}
     for steps in sorted(trained):
         run = trained[steps][setting][depth]

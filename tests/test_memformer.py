@@ -556,6 +556,7 @@ def test_the_stretched_depths_script_scores_and_trains_both_ways():
     assert refused.returncode == 2 and "depths 1, 2, 3, 4 only" in refused.stderr and "Traceback" not in refused.stderr
     lengths = script.score_lengths("isotropic", 1, tasks=200)      # the quasi-Newton LFOM at every training length
     assert sorted(lengths) == [1500, 3000, 6000, 12000] and all(len(values) == 3 for values in lengths.values())
+    assert sorted(script.score_lengths("isotropic", 4, tasks=200)) == [1500, 3000, 6000, 12000, 24000]   # 4 longer
     full = script.train_and_score("LFOM (tied gates)", "rotated", 2, True, 200, depths=(1,), recipe=tiny,
                                   attention="full")
     assert len(full[1]) == 3 and all(mean > 0 for mean, _ in full[1])
