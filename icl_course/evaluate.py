@@ -41,6 +41,7 @@ __all__ = [
     "loss_difference",
     "adjusted_loss",
     "adjusted_losses",
+    "paired_adjusted_losses",
     "per_layer_loss",
     "noise_profile",
     "default_num_tasks",
@@ -222,14 +223,35 @@ def adjusted_losses(predictors: dict, sampler: RegressionTasks, num_tasks: int |
     The oracle is computed once per chunk, and every predictor sees the same tasks, so the
     differences between two rows are themselves paired comparisons.
     """
-    names = list(predictors)
+    return paired_adjusted_losses(predictors, sampler, None, num_tasks, chunk_size, seed)[0]
 
-    def differences(batch):
+
+def paired_adjusted_losses(predictors: dict, sampler: RegressionTasks, reference: str | None,
+                           num_tasks: int | None = None, chunk_size: int = 50_000, seed=None) -> tuple[dict, dict]:
+    """:func:`adjusted_losses`, and each predictor's paired difference from ``reference`` (one of the names),
+    in one pass over the same tasks: ``(name -> Estimate, name -> Estimate of loss(name) - loss(reference))``.
+
+    The difference's standard error is that of the per-task differences, far smaller than either loss's when
+    the two predictors err on the same tasks: whether one predictor beats another is read from it, not from
+    the two losses' errors (``reference=None``: no differences).
+    """
+    names = list(predictors)
+    if reference is not None and reference not in predictors:
+        raise ValueError(f"reference {reference!r} is not one of the predictors ({', '.join(names)})")
+    others = [index for index, name in enumerate(names) if name != reference]
+
+    def per_task(batch):
         oracle = query_averaged_loss(oracle_ridge(batch), batch)
-        return torch.stack([query_averaged_loss(_weights_of(predictors[name], batch), batch) - oracle
-                            for name in names], dim=-1)
+        losses = torch.stack([query_averaged_loss(_weights_of(predictors[name], batch), batch) - oracle
+                              for name in names], dim=-1)
+        if reference is None:
+            return losses
+        # the oracle cancels in a difference
+        return torch.cat([losses, losses[:, others] - losses[:, [names.index(reference)]]], dim=-1)
     num_tasks = _count(num_tasks, *predictors.values())
-    return dict(zip(names, _monte_carlo(differences, sampler, num_tasks, chunk_size, seed)))
+    estimates = _monte_carlo(per_task, sampler, num_tasks, chunk_size, seed)
+    return (dict(zip(names, estimates[:len(names)])),
+            {names[index]: estimate for index, estimate in zip(others, estimates[len(names):])})
 
 
 def per_layer_loss(model, sampler: RegressionTasks, num_tasks: int | None = None,

@@ -180,3 +180,28 @@ def test_the_trimmed_mean_leaves_out_the_worst_hundredth_of_a_percent_chunk_by_c
         return values[start:start + batch.y.shape[0]]
     (chunked,) = _monte_carlo(in_order, RegressionTasks(3, 5), 20_000, 7_000, seed=0)
     assert chunked.trimmed_mean == 1.0 and chunked.mean > 1e17 and served == [7_000, 7_000, 6_000]
+
+
+def test_paired_adjusted_losses_are_the_losses_and_their_differences_on_the_same_tasks():
+    from icl_course.baselines import TunedRR
+    from icl_course.evaluate import adjusted_losses, loss_difference, paired_adjusted_losses
+    from icl_course.models import LinearTransformer, widen
+
+    sampler = RegressionTasks(10, 20, 1.0, dtype=torch.float64, device="cpu")
+    gdpp = LinearTransformer(10, 2, parameterization="gdpp", init_scale=0.05, seed=3, dtype=torch.float64,
+                             device="cpu")
+    predictors = {"gdpp": gdpp, "full": widen(gdpp, "full"), "tuned": TunedRR().fit(sampler.sample(500, seed=1))}
+    losses, differences = paired_adjusted_losses(predictors, sampler, "gdpp", num_tasks=3000, chunk_size=1000,
+                                                 seed=5)
+    alone = adjusted_losses(predictors, sampler, num_tasks=3000, chunk_size=1000, seed=5)
+    assert {name: (score.mean, score.stderr) for name, score in losses.items()} == \
+        {name: (score.mean, score.stderr) for name, score in alone.items()}
+    assert set(differences) == {"full", "tuned"}
+    # the same function widened: a difference of rounding only
+    assert abs(differences["full"].mean) < 1e-12 * losses["gdpp"].mean and differences["full"].stderr < 1e-12
+    paired = loss_difference(predictors["tuned"], gdpp, sampler, num_tasks=3000, chunk_size=1000, seed=5)
+    assert differences["tuned"].mean == pytest.approx(paired.mean, rel=1e-9)
+    assert differences["tuned"].mean == pytest.approx(losses["tuned"].mean - losses["gdpp"].mean, rel=1e-9)
+    assert differences["tuned"].stderr == pytest.approx(paired.stderr, rel=1e-6)
+    with pytest.raises(ValueError, match="reference 'diag' is not one of the predictors"):
+        paired_adjusted_losses(predictors, sampler, "diag", num_tasks=10)
