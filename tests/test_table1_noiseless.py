@@ -21,6 +21,7 @@ from icl_course.table1.noiseless import (
     gdpp_weights,
     light_tailed_fit,
 )
+from icl_course.table1.select import WIDENED, choose
 from icl_course.theory import gdpp_residual
 
 SMALL = NoiselessFit(depths=(3,), rare_weights=(10.0, 30.0), fit_tasks=4000, pool_tasks=200_000,
@@ -192,7 +193,15 @@ def test_a_run_offers_the_fit_to_every_variant_of_the_noiseless_cell_and_resumes
         assert names[variant] in saved["candidates"] and saved["tuning"].endswith(" and plain")
         plain = {name: Estimate(*score[:2], int(score[2]), score[3]) for name, score in saved["plain_scores"].items()}
         stretched = {name: Estimate(*score[:2], int(score[2])) for name, score in saved["scores"].items()}
-        assert saved["selected"] == pick_candidate(stretched, True, True, plain)
+        # first among the trained candidates and the fit, then against the smaller cell's model widened
+        widened = next((name for name in saved["candidates"] if name.endswith(WIDENED)), None)
+        assert (widened is None) == (variant == "gdpp")
+        differences = {name: Estimate(*score[:2], int(score[2]))
+                       for name, score in saved.get("differences", {}).items()}
+        assert saved["selected"] == choose(stretched, True, True, plain, differences, widened)
+        trained = {name: score for name, score in stretched.items() if name != widened}
+        assert saved["selected"] in (widened, pick_candidate(trained, True, True,
+                                                             {name: plain[name] for name in trained}))
     # a second call fits nothing again and gives the same table
     written = (out / "models" / f"{names['gdpp']}.pt").stat().st_mtime
     assert [dict(row, wall_time_s=None) for row in run_table1(out, "quick", device="cpu", **options)] == \

@@ -22,12 +22,16 @@ What :func:`run_table1` does, and what it writes under ``out``:
    inserted (:func:`~icl_course.models.deepen`), and the variants nested above them follow; a depth
    without seeds trains only those; with ``noiseless_fit`` (a :class:`NoiselessFit`), the noiseless
    column's cells at its depths also get a light-tailed GD++ fitted on its exact loss
-   (:mod:`~icl_course.table1.noiseless`), as a GD++, Diag and Full candidate;
+   (:mod:`~icl_course.table1.noiseless`), as a GD++, Diag and Full candidate; with ``widened_candidates``
+   (every named budget), each Diag (Full) cell also gets the model its GD++ (Diag) cell keeps, widened to
+   the same function (``...-widened``);
 2. tunes ConstRR and TunedRR on one sample per column, keeps the best candidate (seed or start) of each
    cell on that sample (for a cell of 3 layers or more: on ``eval_tasks_deep`` tasks of it, and among the
    candidates whose standard error there is at most 2% of their mean, if any: the others have heavy
    tails; in the noiseless column on stretched tasks, and first among the candidates that pass the table's
-   heavy-tail test on a plain million), and scores models and baselines on a fresh sample, paired with the
+   heavy-tail test on a plain million), then keeps the widened model instead unless that best trained
+   candidate is lower by more than one standard error of their paired difference
+   (:func:`keeps_widened`), and scores models and baselines on a fresh sample, paired with the
    oracle on the very same tasks (``evaluation/``), in chunks;
 3. writes ``results.json``, ``results.csv``, ``table.md`` (each of our numbers beside the paper's),
    ``models.pt`` (every selected model in one file) and, from the command, ``figure.png`` (adjusted loss
@@ -53,11 +57,12 @@ from .noiseless import NoiselessFit
 from .paper import BASELINES, COLUMN_IDS, COLUMNS, PAPER, PAPER_BASELINES, VARIANTS, D, N, cell_name, model_name
 from .report import SHIPPED, load_results, load_table1_model, markdown_table
 from .run import job_groups, merge_runs, run_in_jobs, run_table1
-from .select import pick_candidate
+from .select import keeps_widened, pick_candidate
 from .training import append_layer
 
 __all__ = ["PAPER", "PAPER_BASELINES", "COLUMNS", "COLUMN_IDS", "VARIANTS", "BASELINES", "BUDGETS", "SHIPPED", "D",
            "N", "Budget", "Deepening", "NoiselessFit", "StackPlan", "Candidate", "Table1Error", "column_noise",
-           "model_name", "cell_name", "check_run", "plan_stack", "pick_candidate", "append_layer", "run_table1",
+           "model_name", "cell_name", "check_run", "plan_stack", "pick_candidate", "keeps_widened", "append_layer",
+           "run_table1",
            "run_in_jobs", "job_groups", "merge_runs", "load_results", "load_table1_model", "markdown_table"]
 

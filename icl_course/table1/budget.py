@@ -131,6 +131,8 @@ class Budget:
     #                                       left out (or None) trains at unclipped_learning_rate
     deepen: object = None         # a Deepening: more candidates, started from the model one layer shallower
     noiseless_fit: object = None  # a NoiselessFit: light-tailed GD++ fits as candidates of the noiseless column
+    widened_candidates: bool = True   # a Diag (Full) cell is offered the model its GD++ (Diag) cell keeps, widened,
+    #                                   and keeps it unless a trained candidate is clearly lower (select.keeps_widened)
     tuning_tasks: int = 100_000   # tunes the baselines and picks the best candidate of a cell of 1-2 layers ...
     eval_tasks: int = 100_000     # scores everything, for columns whose models are all shallower than 3
     eval_tasks_deep: int = 1_000_000   # ... and for columns with a model of 3 layers or more, whose cells also
@@ -172,6 +174,8 @@ class Budget:
             del data["nested_learning_rate"]
         elif isinstance(self.nested_learning_rate, dict):
             data["nested_learning_rate"] = {str(depth): value for depth, value in self.nested_learning_rate.items()}
+        if self.widened_candidates is True:   # runs made before the setting existed keep their configuration
+            del data["widened_candidates"]
         if self.noiseless_fit is None:
             del data["noiseless_fit"]
         else:
@@ -213,7 +217,7 @@ BUDGETS = {
                    for depth in _DEEP}},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
         noiseless_fit=NoiselessFit(),
-        description="depths 1-7 on a 2-core CPU in about two and a half hours (resumable), the recipe of "
+        description="depths 1-7 on a 2-core CPU in just under three hours (resumable), the recipe of "
                     "research/README.md"),
     "gpu": Budget(
         # the cpu recipe scaled up: four times the batch, twice the steps, a third seed where seeds train
@@ -349,6 +353,8 @@ def check_run(budget: str | Budget, variants: Optional[Sequence[str]], depths: O
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
         raise Table1Error(f"unclipped_learning_rate must be a positive number, got {rate!r}")
     _check_noiseless_fit(budget.noiseless_fit)
+    if not isinstance(budget.widened_candidates, bool):
+        raise Table1Error(f"widened_candidates takes True or False; got {budget.widened_candidates!r}")
     return budget, variants, columns
 
 

@@ -16,7 +16,7 @@ import torch
 
 from ..baselines import AdaRR, ConstRR, TunedRR
 from ..data import RegressionTasks, StretchedTasks
-from ..evaluate import Estimate, adjusted_losses
+from ..evaluate import Estimate, adjusted_losses, paired_adjusted_losses
 from .budget import Budget, column_noise
 from .candidate import Candidate
 from .files import write_json
@@ -34,6 +34,13 @@ STRETCHED_COLUMNS = ("0",)
 #: million is above it, 20 plain millions held one at 112, research/README.md; the median is about 49): beyond it
 #: every deep trained model's polynomial explodes, so the comparison is on the spectra a sample of practical size meets
 STRETCHED_CAP = 110.0
+#: the name ending of a Diag or Full cell's candidate that is the model the cell of the smaller variant keeps
+#: (GD++ for Diag, Diag for Full), widened to the same function (:func:`~icl_course.models.widen`)
+WIDENED = "-widened"
+#: ... which the cell keeps unless its best trained candidate is lower by more than this many standard errors
+#: of their paired difference on the tuning tasks (the one-standard-error rule of model selection: the
+#: simpler model, unless the richer one is clearly better)
+WIDENED_MARGIN = 1.0
 
 
 def tuning_sampler(column: str, deep: bool, device) -> RegressionTasks:
@@ -77,6 +84,43 @@ def pick_candidate(scores: dict[str, Estimate], deep: bool, stretched: bool = Fa
     return min(means, key=means.get)
 
 
+def keeps_widened(difference: Estimate, trained: Estimate, widened: Estimate, deep: bool) -> bool:
+    """Whether a cell keeps the smaller variant's model, widened, over its best trained candidate.
+
+    ``difference``: the paired ``loss(trained) - loss(widened)`` on the tuning tasks; ``trained`` and
+    ``widened``: their own scores there.  A larger variant contains the smaller one, so a trained model that
+    is not better than the smaller variant's by more than ``WIDENED_MARGIN`` standard errors of the difference
+    is no evidence for the extra freedom, and its extra weights can only add risk (a heavier tail: the Full of
+    4 layers and ``sigma_max = 1`` that nests from a Diag its cell does not keep loses 199 on one task in a
+    million where the Diag loses 2). Exceptions: the same function (a difference of exactly 0: nothing to
+    choose), and in a deep cell a widened model that fails the light-tail bound (``LIGHT_TAIL_STDERR``) where
+    the trained one passes.
+    """
+    if difference.mean == 0 and difference.stderr == 0:
+        return False
+    if not math.isfinite(widened.mean) and math.isfinite(trained.mean):
+        return False
+    if deep and widened.stderr > LIGHT_TAIL_STDERR * abs(widened.mean) \
+            and trained.stderr <= LIGHT_TAIL_STDERR * abs(trained.mean):
+        return False
+    return not difference.mean < -WIDENED_MARGIN * difference.stderr
+
+
+def choose(scores: dict[str, Estimate], deep: bool, stretched: bool, plain: dict[str, Estimate],
+           differences: dict[str, Estimate], widened: Optional[str]) -> str:
+    """A cell's pick: :func:`pick_candidate` among its trained candidates, then :func:`keeps_widened` against the
+    candidate ``widened`` (None: the cell has none; ``differences``: each candidate's paired difference from
+    it)."""
+    trained = [name for name in scores if name != widened]
+    if not trained:
+        return widened
+    chosen = pick_candidate({name: scores[name] for name in trained}, deep, stretched,
+                            {name: score for name, score in plain.items() if name != widened})
+    if widened is not None and keeps_widened(differences[chosen], scores[chosen], scores[widened], deep):
+        return widened
+    return chosen
+
+
 def newer_than(path: Path, candidates: Sequence[Candidate]) -> bool:
     """Whether the saved file ``path`` was written after every candidate's model: a result saved before a
     candidate was trained again describes another model and must be redone."""
@@ -91,7 +135,8 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
     Every candidate is scored on the column's tuning tasks (a cell of 3 layers or more on ``eval_tasks_deep``
     of them: a deep model's mean can hang on one task in a million; in a column of ``STRETCHED_COLUMNS``, drawn
     by :func:`tuning_sampler`, and on as many plain ones for the heavy-tail test) and :func:`pick_candidate`
-    chooses.  The
+    chooses among the trained ones; a Diag or Full cell then keeps the smaller variant's model, widened (its
+    candidate named ``...-widened``), unless the trained pick beats it clearly (:func:`keeps_widened`).  The
     choice is saved in ``selections/`` and read back while the candidates stay the same and none was trained
     again since (the saved scores are then picked from again, by the current rule): a deeper model that
     starts from it and the evaluation see the same one.
@@ -100,6 +145,7 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
     by_name = {candidate.name: candidate for candidate in usable}
     if len(usable) == 1:
         return usable[0], {}
+    widened = next((name for name in by_name if name.endswith(WIDENED)), None)
     path = out / "selections" / f"{cell}-{COLUMN_IDS[COLUMNS.index(column)]}.json"
     deep_cell = usable[0].depth >= 3
     sampler = tuning_sampler(column, deep_cell, device)
@@ -112,21 +158,26 @@ def cell_choice(out: Path, budget: Budget, column: str, cell: str, candidates: S
                 and saved.get("tuning", "plain") == law:
             plain = {name: Estimate(*score[:2], int(score[2]), score[3])
                      for name, score in saved.get("plain_scores", {}).items()}
-            chosen = pick_candidate({name: Estimate(*score[:2], int(score[2])) for name, score
-                                     in saved["scores"].items()}, deep_cell, stretched, plain)
+            differences = {name: Estimate(*score[:2], int(score[2]))
+                           for name, score in saved.get("differences", {}).items()}
+            chosen = choose({name: Estimate(*score[:2], int(score[2])) for name, score in saved["scores"].items()},
+                            deep_cell, stretched, plain, differences, widened)
             if chosen != saved["selected"]:
                 write_json(path, dict(saved, selected=chosen))
             return by_name[chosen], saved["scores"]
     models = {name: candidate.model.to(device) for name, candidate in by_name.items()}
     num_tasks = max(budget.tuning_tasks, budget.eval_tasks_deep) if deep_cell else budget.tuning_tasks
-    scores = adjusted_losses(models, sampler, chunk_size=budget.chunk_size, seed=700 + COLUMNS.index(column),
-                             num_tasks=num_tasks)
+    scores, differences = paired_adjusted_losses(models, sampler, widened, chunk_size=budget.chunk_size,
+                                                 seed=700 + COLUMNS.index(column), num_tasks=num_tasks)
     plain = adjusted_losses(models, tuning_sampler(column, False, device), chunk_size=budget.chunk_size,
                             seed=1100 + COLUMNS.index(column), num_tasks=num_tasks) if stretched else {}
-    chosen = pick_candidate(scores, deep_cell, stretched, plain)
+    chosen = choose(scores, deep_cell, stretched, plain, differences, widened)
     scores = {name: [score.mean, score.stderr, score.num_tasks] for name, score in scores.items()}
     saved = {"cell": cell, "column": column, "candidates": list(by_name), "selected": chosen, "scores": scores,
              "tuning": law}
+    if differences:
+        saved["differences"] = {name: [score.mean, score.stderr, score.num_tasks]
+                                for name, score in differences.items()}
     if plain:
         saved["plain_scores"] = {name: [score.mean, score.stderr, score.num_tasks, score.trimmed_mean]
                                  for name, score in plain.items()}

@@ -33,7 +33,7 @@ from .budget import (
 from .candidate import Candidate
 from .noiseless import CheckTasks, FitTasks, deeper_starts, gdpp_model, gdpp_weights, light_tailed_fit
 from .paper import VARIANTS, D, N, model_name
-from .select import cell_choice, newer_than
+from .select import WIDENED, cell_choice, newer_than
 
 #: a model whose clipped phase breaks the spike rule ``patience`` steps in a row goes back to its last healthy
 #: logging window at half its rate, up to this many times, before it counts as diverged
@@ -138,6 +138,8 @@ class StackTrainer:
                 for variant in self.variants:
                     self.train_stack(depth, variant)
                 self.fit_noiseless(depth)
+                for variant in self.variants:
+                    self.offer_widened(depth, variant)
         finally:
             self.progress.close()
         return self.candidates
@@ -245,6 +247,31 @@ class StackTrainer:
             checkpoint = load_checkpoint(paths[variant], device="cpu", num_layers=depth, parameterization=variant)
             self.candidates[names[variant]] = Candidate(names[variant], variant, depth, "0", seed, paths[variant],
                                                         checkpoint.model, checkpoint.metadata)
+
+    def offer_widened(self, depth: int, variant: str) -> None:
+        """Give every Diag (Full) cell of ``depth`` the model its GD++ (Diag) cell keeps, widened to the same
+        function, as one more candidate, ``{name of that model with this variant}-widened``
+        (:func:`~icl_course.table1.select.keeps_widened` says when the cell keeps it).  A saved one is written
+        again only when the smaller cell now keeps another model, or its model was trained again since."""
+        position = NESTED.index(variant)
+        if not self.budget.widened_candidates or not position or NESTED[position - 1] not in self.variants:
+            return
+        smaller = NESTED[position - 1]
+        for column in self.columns:
+            cell = [candidate for candidate in self.candidates.values()
+                    if (candidate.variant, candidate.depth, candidate.column) == (smaller, depth, column)]
+            if not cell:
+                continue
+            kept = cell_choice(self.out, self.budget, column, f"{smaller}-L{depth}", cell, self.device)[0]
+            name = model_name(variant, depth, column, kept.seed) + WIDENED
+            path = self.out / "models" / f"{name}.pt"
+            if not path.exists() or load_checkpoint(path, device="cpu").metadata.get("widened_from") != kept.name \
+                    or not newer_than(path, [kept]):
+                metadata = {key: value for key, value in kept.metadata.items() if key != "spec"}
+                save_checkpoint(path, widen(kept.model, variant), metadata=dict(metadata, widened_from=kept.name))
+            checkpoint = load_checkpoint(path, device="cpu", num_layers=depth, parameterization=variant)
+            self.candidates[name] = Candidate(name, variant, depth, column, kept.seed, path, checkpoint.model,
+                                              checkpoint.metadata)
 
     def set_aside_stale(self, plan: StackPlan) -> None:
         """Rename the saved models of ``plan`` that no longer start where the plan says (``NAME.stale.pt``), so
