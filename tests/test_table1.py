@@ -225,7 +225,7 @@ def test_the_shipped_cpu_run_is_the_default_the_cpu_budget_at_depths_1_to_7_and_
     assert dict(config["budget"], description=None) == _at_depths(BUDGETS["cpu"].as_dict(), config["budget"]["depths"])
     assert config["budget"]["depths"] == [1, 2, 3, 4, 5, 6, 7] and config["device"] == "cpu"
     # the calls' own clocks: the nine noisy columns' calls, the noiseless column's, and the widened-candidate rule
-    # applied to the kept models (the command's time, about 2 h 45 min, is in benchmarks/README.md)
+    # applied to the kept models (the command's time, just under three hours, is in benchmarks/README.md)
     assert config["seconds"] == round(sum(part["seconds"] for part in config["parts"])
                                       + config["widened_rule"]["seconds"], 1)
     assert config["widened_rule"]["script"] == "research/widened_candidates.py"
