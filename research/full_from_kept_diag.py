@@ -38,6 +38,11 @@ def main(argv=None) -> None:
     parser.add_argument("--tasks", type=int, default=1_000_000, help="tuning and evaluation tasks per column")
     parser.add_argument("--out", type=Path, default=None, help="a JSON file for the numbers")
     args = parser.parse_args(argv)
+    if args.depth not in range(4, 8):
+        parser.error(f"--depth takes 4, 5, 6 or 7 (Full nests from Diag at 1e-5 there); got {args.depth}")
+    unknown = [column for column in args.columns if column not in COLUMNS]
+    if unknown:
+        parser.error(f"unknown columns {unknown}; the columns are {', '.join(COLUMNS)}")
     budget = BUDGETS["cpu"]
     settings = budget.settings(args.depth)
     steps = args.steps or settings["unclipped_steps"]

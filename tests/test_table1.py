@@ -1354,3 +1354,7 @@ def test_the_full_from_kept_diag_script_nests_from_the_shipped_diag_and_scores_i
     difference = nested["difference from the kept Diag"]
     assert difference[0] == pytest.approx(nested["tuning"][0] - diag["tuning"][0], rel=1e-6, abs=1e-12)
     assert "trained 1 Full models of 4 layers, 3 steps" in capsys.readouterr().out
+    for wrong in (["--depth", "3"], ["--columns", "8"]):   # a usage message, not a KeyError from deep inside
+        with pytest.raises(SystemExit):
+            script.main(wrong)
+    assert "--depth takes 4, 5, 6 or 7" in capsys.readouterr().err
