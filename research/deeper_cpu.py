@@ -33,7 +33,8 @@ def deeper_budget(depth: int, seeds) -> object:
     return replace(cpu, name="cpu-deeper", depths=(depth,), steps=settings["steps"],
                    learning_rate=settings["learning_rate"], warmup_steps=settings["warmup_steps"],
                    dtype=settings["dtype"], unclipped_steps=settings["unclipped_steps"],
-                   nested_init=cpu.nested_init[3], nested_learning_rate=None, deepen=None, seeds=tuple(seeds),
+                   nested_init=cpu.nested_init[3], nested_learning_rate=None, deepen=None, nest_from="each",
+                   seeds=tuple(seeds),
                    description=f"the cpu budget's 3-layer recipe at {depth} layers, seeds {list(seeds)}")
 
 

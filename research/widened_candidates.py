@@ -16,6 +16,13 @@ beside it) and writes a new run folder with the package's own writers:
 
 ``WORK`` keeps the models and the selection files (the script resumes from them); ``NEW`` gets
 ``results.json``, ``results.csv``, ``table.md``, ``models.pt``, ``config.json`` and ``figure.png``.
+
+With ``--nest-from-kept`` it also retrains the nested variant where the run's budget now nests it from the model
+its smaller variant's cell keeps (``Budget.nest_from = "selected"``: Full from 4 layers on, in ``cpu`` and
+``gpu``): the run's trained models of that variant there go (the command no longer trains them; its fitted and
+widened ones stay), and ``StackTrainer.train_stack`` trains one per cell, after the smaller cells' widened
+candidates, as the command orders it.  Nothing deeper starts from a Full model, so the other cells are the
+command's too.  The record goes to ``config["nested_from_kept"]`` instead of ``config["widened_rule"]``.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from icl_course.table1.budget import column_noise
 from icl_course.table1.files import write_json
 from icl_course.table1.paper import VARIANTS, D, N
 from icl_course.table1.report import result_rows, write_outputs
-from icl_course.table1.select import cell_choice
+from icl_course.table1.select import WIDENED, cell_choice
 from icl_course.table1.training import StackTrainer
 
 
@@ -69,6 +76,8 @@ def main(argv=None) -> None:
     parser.add_argument("--base", type=Path, required=True, help="a finished run's folder (results.json, models.pt)")
     parser.add_argument("--work", type=Path, required=True, help="a folder for the models and selections (resumed)")
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the run with the rule applied")
+    parser.add_argument("--nest-from-kept", action="store_true",
+                        help="retrain the nested variant where the budget nests it from the smaller cell's kept model")
     args = parser.parse_args(argv)
     if args.out.exists() and any(args.out.iterdir()):
         parser.error(f"{args.out} is not empty; give a new folder")
@@ -85,8 +94,17 @@ def main(argv=None) -> None:
     trainer = StackTrainer(args.work, budget, list(VARIANTS), config["columns"], torch.device("cpu"), False,
                            lambda message: print(message, file=sys.stderr))
     trainer.candidates = dict(kept)
+    retrained = [depth for depth in depths if args.nest_from_kept
+                 and any(trainer.nests_from_kept(depth, variant) for variant in VARIANTS)]
+    for name, candidate in kept.items():   # the trained models the command no longer trains
+        if candidate.depth in retrained and trainer.nests_from_kept(candidate.depth, candidate.variant) \
+                and not name.endswith(("-fit", WIDENED)):
+            del trainer.candidates[name]
     for depth in depths:
-        for variant in VARIANTS:
+        late = [variant for variant in VARIANTS if depth in retrained and trainer.nests_from_kept(depth, variant)]
+        for variant in [variant for variant in VARIANTS if variant not in late] + late:
+            if variant in late:
+                trainer.train_stack(depth, variant)
             trainer.offer_widened(depth, variant)
             print(f"offered the widened models of {variant} at {depth} layers", file=sys.stderr, flush=True)
     evaluations, switched = {}, []
@@ -119,9 +137,13 @@ def main(argv=None) -> None:
         evaluations[column] = {"selected": selected, "scores": scores, "device": "cpu"}
     rows = result_rows(budget, config["columns"], evaluations, trainer.candidates, args.work)
     seconds = time.perf_counter() - started
-    config = dict(config, seconds=round(config["seconds"] + seconds, 1),
-                  widened_rule={"script": "research/widened_candidates.py", "seconds": round(seconds, 1),
-                                "switched": [list(entry) for entry in switched]})
+    record = {"script": "research/widened_candidates.py" + (" --nest-from-kept" if retrained else ""),
+              "seconds": round(seconds, 1), "switched": [list(entry) for entry in switched]}
+    if retrained:
+        record["depths"] = retrained
+    # the budget as the command now has it (its description, the settings this script applied)
+    config = dict(config, budget=budget.as_dict(), seconds=round(config["seconds"] + seconds, 1),
+                  **{"nested_from_kept" if retrained else "widened_rule": record})
     args.out.mkdir(parents=True, exist_ok=True)
     names = sorted({name for evaluation in evaluations.values() for name in evaluation["selected"].values()})
     write_outputs(args.out, budget, config, rows, [trainer.candidates[name] for name in names])
@@ -129,7 +151,8 @@ def main(argv=None) -> None:
     plot_table1(rows, args.out / "figure.png")
     if (args.base / "README.md").exists() and not (args.out / "README.md").exists():
         shutil.copy2(args.base / "README.md", args.out / "README.md")
-    print(f"wrote {args.out}: {len(switched)} cells switched to the widened model in {seconds:.0f} s")
+    print(f"wrote {args.out}: {len(switched)} cells switched to " + ("another model" if retrained else
+          "the widened model") + f" in {seconds:.0f} s")
     for column, cell, before, after in switched:
         print(f"  {column:>8} {cell}: {before} -> {after}")
 

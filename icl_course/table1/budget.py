@@ -76,7 +76,8 @@ class Deepening:
     loss rather than from scratch.  Each trains ``steps`` clipped steps (warm-up, then the budget's
     schedule from ``learning_rate``) and then the depth's unclipped phase, and competes with the cell's
     other candidates on the tuning sample.  A variant that nests from a deepened one (``nested_init``)
-    gets one candidate per deepened model too.  Named ``{variant}-L{depth}-{column}-s{seed}-d{position}``.
+    gets one candidate per deepened model too, unless it nests only from the model its smaller cell keeps
+    (``Budget.nest_from = "selected"``).  Named ``{variant}-L{depth}-{column}-s{seed}-d{position}``.
 
     ``start="selected"`` starts instead from the shallower cell's selected candidate, picked before the
     deeper stacks train, on the tuning tasks and by the rule the evaluation uses (so it is the model the
@@ -129,6 +130,9 @@ class Budget:
     #                               only); or the variants that do, e.g. ("full",) keeps a clipped Diag
     nested_learning_rate: object = None   # the nested variants' constant rate, e.g. {"full": 1e-5}; a variant
     #                                       left out (or None) trains at unclipped_learning_rate
+    nest_from: object = "each"    # "each": a nested variant starts one model from each candidate of its smaller
+    #                               variant's cell; "selected": one per cell, from the model that cell keeps
+    #                               (named ``...-nested``; research/README.md, the fifth entry of 2026-11-27)
     deepen: object = None         # a Deepening: more candidates, started from the model one layer shallower
     noiseless_fit: object = None  # a NoiselessFit: light-tailed GD++ fits as candidates of the noiseless column
     widened_candidates: bool = True   # a Diag (Full) cell is offered the model its GD++ (Diag) cell keeps, widened,
@@ -152,7 +156,8 @@ class Budget:
                 "nested_init": _nested_variants(_per_depth(self.nested_init, depth)),
                 "nested_learning_rate": _nested_rates(self.nested_learning_rate if _by_variant(
                     self.nested_learning_rate) else _per_depth(self.nested_learning_rate, depth)),
-                "deepen": _per_depth(self.deepen, depth)}
+                "deepen": _per_depth(self.deepen, depth),
+                "nest_from": _per_depth(self.nest_from, depth)}
 
     def seeds_at(self, depth: int) -> tuple:
         """The seeds trained for every cell of ``depth``."""
@@ -161,7 +166,8 @@ class Budget:
     def as_dict(self) -> dict:
         """The budget as JSON-ready data, as a run's ``config.json`` records it."""
         data = asdict(self)
-        for key in ("steps", "learning_rate", "warmup_steps", "dtype", "seeds", "unclipped_steps", "nested_init"):
+        for key in ("steps", "learning_rate", "warmup_steps", "dtype", "seeds", "unclipped_steps", "nested_init",
+                    "nest_from"):
             if isinstance(data[key], dict):
                 data[key] = {str(depth): value for depth, value in data[key].items()}
         if isinstance(data["nested_init"], dict):
@@ -176,6 +182,8 @@ class Budget:
             data["nested_learning_rate"] = {str(depth): value for depth, value in self.nested_learning_rate.items()}
         if self.widened_candidates is True:   # runs made before the setting existed keep their configuration
             del data["widened_candidates"]
+        if self.nest_from == "each":
+            del data["nest_from"]
         if self.noiseless_fit is None:
             del data["noiseless_fit"]
         else:
@@ -192,6 +200,9 @@ class Budget:
         return data
 
 
+#: the name ending of a model nested from the model its smaller variant's cell keeps (``Budget.nest_from``)
+NESTED_FROM_KEPT = "-nested"
+
 _DEEP = (4, 5, 6, 7)   # the depths that only deepen the shallower model the table keeps
 
 BUDGETS = {
@@ -203,7 +214,7 @@ BUDGETS = {
     "cpu": Budget(
         # from 4 layers on, no model trains from random weights: GD++ and Diag start from the model the table
         # keeps one layer shallower with a pass-through layer before its first or its last layer (deepened
-        # again at every depth), and Full nests from each of those Diag models
+        # again at every depth), and Full nests from the Diag model its cell keeps
         "cpu", depths=(1, 2, 3, 4, 5, 6, 7), steps={1: 1000, 2: 3000, 3: 5000, **dict.fromkeys(_DEEP, 5000)},
         learning_rate={1: 1e-2, 2: 1e-2, 3: 5e-3, **dict.fromkeys(_DEEP, 5e-3)},
         seeds={1: (0,), 2: (0, 1), 3: (0, 1), **dict.fromkeys(_DEEP, ())},
@@ -215,6 +226,7 @@ BUDGETS = {
         deepen={1: None, 2: None, 3: Deepening(),
                 **{depth: Deepening(variants=("gdpp", "diag"), positions=(0, depth - 2), start="selected")
                    for depth in _DEEP}},
+        nest_from={1: "each", 2: "each", 3: "each", **dict.fromkeys(_DEEP, "selected")},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=10_000, checkpoint_every=500,
         noiseless_fit=NoiselessFit(),
         description="depths 1-7 on a 2-core CPU in just under three hours (resumable), the recipe of "
@@ -232,6 +244,7 @@ BUDGETS = {
         deepen={1: None, 2: None, 3: Deepening(steps=4000),
                 **{depth: Deepening(variants=("gdpp", "diag"), positions=(0, depth - 2), steps=4000, start="selected")
                    for depth in _DEEP}},
+        nest_from={1: "each", 2: "each", 3: "each", **dict.fromkeys(_DEEP, "selected")},
         tuning_tasks=100_000, eval_tasks=100_000, eval_tasks_deep=1_000_000, chunk_size=50_000, checkpoint_every=1000,
         noiseless_fit=NoiselessFit(),
         description="the cpu recipe scaled up (batch 2048, twice the steps, three seeds) for one GPU"),
@@ -306,11 +319,15 @@ def _check_depth(budget: Budget, variants, depth: int) -> None:
         budget.seeds_at(depth)
     except (KeyError, TypeError, ValueError):
         raise Table1Error(f"the budget's per-depth settings (steps, learning_rate, warmup_steps, dtype, seeds, "
-                          f"unclipped_steps, nested_init, nested_learning_rate, deepen) give no value for depth "
-                          f"{depth}; add it, or leave that depth out") from None
+                          f"unclipped_steps, nested_init, nested_learning_rate, deepen, nest_from) give no value "
+                          f"for depth {depth}; add it, or leave that depth out") from None
     if settings["unclipped_steps"] < 0:
         raise Table1Error(f"unclipped_steps must be 0 (no unclipped phase) or more, got "
                           f"{settings['unclipped_steps']} at depth {depth}")
+    if settings["nest_from"] not in ("each", "selected"):
+        raise Table1Error(f"nest_from is 'each' (a nested variant starts from every candidate of its smaller variant's "
+                          f"cell) or 'selected' (from the one that cell keeps), per depth; got "
+                          f"{settings['nest_from']!r} at depth {depth}")
     if settings["nested_init"] and not settings["unclipped_steps"]:
         nested = " and ".join(VARIANTS[variant] for variant in settings["nested_init"])
         raise Table1Error(f"nested_init at depth {depth} trains {nested} only in the unclipped phase; "
@@ -444,7 +461,8 @@ def deepened_tags(budget: Budget, depth: int, variant: str, variants: Sequence[s
     if variant in deepening.variants:
         return {f"-d{position}": position for position in deepening.positions}
     position = NESTED.index(variant)
-    if position and variant in settings["nested_init"] and NESTED[position - 1] in variants:
+    if position and variant in settings["nested_init"] and NESTED[position - 1] in variants \
+            and settings["nest_from"] == "each":
         return {tag: None for tag in deepened_tags(budget, depth, NESTED[position - 1], variants)}
     return {}
 
@@ -463,7 +481,7 @@ def clipped_steps(budget: Budget, depth: int, variant: str, variants: Sequence[s
 
 def plan_stack(budget: Budget, depth: int, variant: str, variants: Sequence[str], columns: Sequence[str],
                done: set, shallower_choice: Optional[dict] = None,
-               unfinished_smaller: Optional[dict] = None) -> StackPlan:
+               unfinished_smaller: Optional[dict] = None, smaller_choice: Optional[dict] = None) -> StackPlan:
     """The models one stack trains, without training or reading anything.
 
     Args:
@@ -474,14 +492,27 @@ def plan_stack(budget: Budget, depth: int, variant: str, variants: Sequence[str]
         unfinished_smaller: ``{column: name}``, for a nested variant, the model the smaller variant's cell
             keeps in the columns where none of its candidates finished (the spike rule stopped them all):
             the nested variant then starts from that one rather than leave its cell empty.
+        smaller_choice: ``{column: name}``, the candidate each cell of the smaller variant keeps; needed only
+            when the variant nests from the ``"selected"`` model at ``depth`` (``Budget.nest_from``): it then
+            trains exactly one model per cell, ``{variant}-L{depth}-{column}-s{seed}-nested``, from that one.
     """
     settings = budget.settings(depth)
+    position = NESTED.index(variant)
+    if position and variant in settings["nested_init"] and NESTED[position - 1] in variants \
+            and settings["nest_from"] == "selected":
+        rate = settings["nested_learning_rate"].get(variant, budget.unclipped_learning_rate)
+        seed = naming_seed(budget, depth)
+        # one model per cell, from the smaller cell's kept model (a column whose smaller cell has none gets none)
+        models = tuple(PlannedModel(model_name(variant, depth, column, seed) + NESTED_FROM_KEPT, column, seed,
+                                    "widened", smaller_choice[column], None, settings["unclipped_steps"], rate, 0,
+                                    "constant")
+                       for column in columns if column in (smaller_choice or {}))
+        return StackPlan(depth, variant, models, settings["unclipped_steps"] > 0, {})
     deepening = settings["deepen"]
     tags = deepened_tags(budget, depth, variant, variants)
     entries = [(seed, "") for seed in budget.seeds_at(depth)]
     if tags:
         entries += [(naming_seed(budget, depth - 1), tag) for tag in tags]
-    position = NESTED.index(variant)
     models, unstarted = [], {}
     for column in columns:
         for seed, tag in entries:

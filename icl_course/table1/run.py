@@ -15,12 +15,13 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..models import NESTED
 from ..runtime import resolve_device
-from .budget import BUDGETS, Budget, Table1Error, check_run, deepened_tags, naming_seed
+from .budget import BUDGETS, NESTED_FROM_KEPT, Budget, Table1Error, check_run, deepened_tags, naming_seed
 from .files import prepare_out, seconds_so_far, write_json
 from .paper import COLUMNS, VARIANTS, D, N, model_name
 from .report import result_rows, write_outputs
-from .select import evaluate_column
+from .select import WIDENED, evaluate_column
 from .training import StackTrainer
 
 
@@ -116,23 +117,29 @@ def merge_runs(folders: Sequence, out, budget: str = "gpu") -> tuple:
             for found in models:
                 if found.startswith(name) and found[len(name):-len(".pt")].isdigit():
                     shutil.copy2(models[found], out / "models" / found)
-        # and the noiseless column's fits (NoiselessFit), with their times: the deeper models deepened from
-        # a fit are not trained again, and the fits are not made again
+        # and the noiseless column's fits (NoiselessFit) and the widened candidates, with their times: the models
+        # deepened from a fit or nested from a widened one are not trained again, and neither is made again
         for found in models:
-            if found.endswith("-fit.pt") and found.split("-")[1] == f"L{depth}":
+            if found.endswith(("-fit.pt", f"{WIDENED}.pt")) and found.split("-")[1] == f"L{depth}":
                 shutil.copy2(models[found], out / "models" / found)
     return tuple(depths)
 
 
 def _required(budget: Budget, depth: int) -> list[str]:
     """The model files a depth needs in every cell: its seeds' models, or, for a depth that only deepens the
-    shallower models, every deepened candidate and every one nested from them."""
-    seeds = budget.seeds_at(depth)
+    shallower models, every deepened candidate and every one nested from them; a variant nested from the model
+    its smaller cell keeps (``Budget.nest_from``), its one model per cell."""
+    seeds, settings = budget.seeds_at(depth), budget.settings(depth)
+    kept = [v for v in VARIANTS if NESTED.index(v) and v in settings["nested_init"]
+            and settings["nest_from"] == "selected"]
+    names = [f"{model_name(v, depth, c, naming_seed(budget, depth))}{NESTED_FROM_KEPT}.pt" for v in kept
+             for c in COLUMNS]
     if seeds:
-        return [f"{model_name(v, depth, c, s)}.pt" for v in VARIANTS for c in COLUMNS for s in seeds]
+        return [f"{model_name(v, depth, c, s)}.pt" for v in VARIANTS if v not in kept for c in COLUMNS
+                for s in seeds] + names
     seed = naming_seed(budget, depth - 1)
     return [f"{model_name(v, depth, c, seed)}{tag}.pt" for v in VARIANTS for c in COLUMNS
-            for tag in deepened_tags(budget, depth, v, list(VARIANTS))]
+            for tag in deepened_tags(budget, depth, v, list(VARIANTS))] + names
 
 
 def _forget_fewer_depths(path: Path, config: dict) -> None:

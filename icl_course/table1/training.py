@@ -135,10 +135,18 @@ class StackTrainer:
         """Train every model not yet on disk, depth by depth; returns ``{name: Candidate}``."""
         try:
             for depth in self.budget.depths:
+                # a variant that nests from the model its smaller cell keeps trains after that choice is final:
+                # after the fit and the widened candidates the smaller cell is offered
+                late = [variant for variant in self.variants if self.nests_from_kept(depth, variant)]
                 for variant in self.variants:
-                    self.train_stack(depth, variant)
+                    if variant not in late:
+                        self.train_stack(depth, variant)
                 self.fit_noiseless(depth)
                 for variant in self.variants:
+                    if variant not in late:
+                        self.offer_widened(depth, variant)
+                for variant in late:
+                    self.train_stack(depth, variant)
                     self.offer_widened(depth, variant)
         finally:
             self.progress.close()
@@ -156,6 +164,26 @@ class StackTrainer:
                     if (candidate.variant, candidate.depth, candidate.column) == (variant, depth - 1, column)]
             choice[column] = cell_choice(self.out, self.budget, column, f"{variant}-L{depth - 1}", cell,
                                          self.device)[0].name
+        return choice
+
+    def nests_from_kept(self, depth: int, variant: str) -> bool:
+        """Whether ``variant`` starts, at ``depth``, from the model its smaller variant's cell keeps."""
+        settings, position = self.budget.settings(depth), NESTED.index(variant)
+        return bool(position) and settings["nest_from"] == "selected" and variant in settings["nested_init"] \
+            and NESTED[position - 1] in self.variants
+
+    def smaller_choice(self, depth: int, variant: str) -> Optional[dict]:
+        """``{column: name}`` of the candidate each cell of the smaller variant keeps, when ``variant`` nests
+        from it at ``depth`` (picked as the evaluation picks it, widened and fitted candidates included)."""
+        if not self.nests_from_kept(depth, variant):
+            return None
+        smaller, choice = NESTED[NESTED.index(variant) - 1], {}
+        for column in self.columns:
+            cell = [candidate for candidate in self.candidates.values()
+                    if (candidate.variant, candidate.depth, candidate.column) == (smaller, depth, column)]
+            if cell:
+                choice[column] = cell_choice(self.out, self.budget, column, f"{smaller}-L{depth}", cell,
+                                             self.device)[0].name
         return choice
 
     def unfinished_smaller(self, depth: int, variant: str) -> dict:
@@ -178,7 +206,8 @@ class StackTrainer:
         """Plan, train (both phases) and load one stack's models."""
         done = {name for name, candidate in self.candidates.items() if candidate.finished}
         plan = plan_stack(self.budget, depth, variant, self.variants, self.columns, done,
-                          self.shallower_choice(depth, variant), self.unfinished_smaller(depth, variant))
+                          self.shallower_choice(depth, variant), self.unfinished_smaller(depth, variant),
+                          self.smaller_choice(depth, variant))
         for name, start in plan.unstarted.items():
             self.log(f"{name} is not trained: its start, {start}, did not finish")
         self.set_aside_stale(plan)
@@ -275,7 +304,8 @@ class StackTrainer:
 
     def set_aside_stale(self, plan: StackPlan) -> None:
         """Rename the saved models of ``plan`` that no longer start where the plan says (``NAME.stale.pt``), so
-        that they train again: a deepened model whose shallower cell now keeps another candidate, any model
+        that they train again: a deepened model whose shallower cell now keeps another candidate, a nested one
+        whose smaller cell does (``Budget.nest_from``), any model
         whose start was trained again after it, and a model the spike rule stopped before stopped models
         restarted (``SPIKE_RESTARTS``); nothing is deleted."""
         for planned in plan.models:
@@ -296,6 +326,10 @@ class StackTrainer:
                 recorded = metadata.get("deepened_from", "")
                 if recorded and not recorded.startswith(f"{planned.source},"):
                     why = f"it was deepened from {recorded.split(',')[0]}, but the table now keeps {planned.source}"
+            elif planned.start == "widened":
+                recorded = metadata.get("widened_from")
+                if recorded and recorded != planned.source:
+                    why = f"it was nested from {recorded}, but the smaller cell now keeps {planned.source}"
             if why is None:
                 continue
             count = 1   # an earlier stale copy is kept too: the new one gets the next free number
