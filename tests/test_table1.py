@@ -1399,6 +1399,7 @@ def test_a_variant_nested_from_the_kept_model_trains_one_model_per_cell_and_foll
         (out / "selections" / "diag-L2-u1.json").read_text())["candidates"])
     budget = json.loads((out / "config.json").read_text())["budget"]
     assert budget["nest_from"] == {"1": "each", "2": "selected"}
+    assert "nest_from" not in BUDGETS["quick"].as_dict()   # runs made before the setting keep their configuration
     assert timeless(run_table1(out, "quick", device="cpu", **options)) == timeless(rows)   # resumes, trains nothing
     # the Diag cell now keeps another candidate: the nested Full is set aside (kept) and trains again from it
     selection = out / "selections" / "diag-L2-u1.json"
