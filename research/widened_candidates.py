@@ -96,6 +96,9 @@ def main(argv=None) -> None:
     trainer.candidates = dict(kept)
     retrained = [depth for depth in depths if args.nest_from_kept
                  and any(trainer.nests_from_kept(depth, variant) for variant in VARIANTS)]
+    if args.nest_from_kept and not retrained:
+        parser.error(f"--nest-from-kept: the {budget.name!r} budget nests no variant from the smaller cell's kept "
+                     f"model at the run's depths {depths} (Budget.nest_from); leave the option out")
     for name, candidate in kept.items():   # the trained models the command no longer trains
         if candidate.depth in retrained and trainer.nests_from_kept(candidate.depth, candidate.variant) \
                 and not name.endswith(("-fit", WIDENED)):

@@ -1375,6 +1375,10 @@ def test_the_widened_candidates_script_gives_a_finished_run_the_cells_the_comman
     for base, out in ((tmp_path / "before", tmp_path / "new"), (tmp_path / "nowhere", tmp_path / "other")):
         with pytest.raises(SystemExit):   # never over a folder with something in it; a usage message for a bad base
             script.main(["--base", str(base), "--work", str(tmp_path / "work2"), "--out", str(out)])
+    with pytest.raises(SystemExit):   # the quick budget nests nothing from a kept model: nothing to retrain
+        script.main(["--base", str(tmp_path / "before"), "--work", str(tmp_path / "work3"), "--out",
+                     str(tmp_path / "third"), "--nest-from-kept"])
+    assert "--nest-from-kept: the 'quick' budget nests no variant" in capsys.readouterr().err
 
 
 # Full nests at 2 layers, from each Diag candidate ("each") or from the Diag its cell keeps ("selected")
