@@ -42,6 +42,7 @@ __all__ = [
     "adjusted_loss",
     "adjusted_losses",
     "paired_adjusted_losses",
+    "paired_losses",
     "per_layer_loss",
     "noise_profile",
     "default_num_tasks",
@@ -235,18 +236,28 @@ def paired_adjusted_losses(predictors: dict, sampler: RegressionTasks, reference
     the two predictors err on the same tasks: whether one predictor beats another is read from it, not from
     the two losses' errors (``reference=None``: no differences).
     """
+    return paired_losses(predictors, sampler, reference, num_tasks, chunk_size, seed, adjusted=True)
+
+
+def paired_losses(predictors: dict, sampler: RegressionTasks, reference: str | None, num_tasks: int | None = None,
+                  chunk_size: int = 50_000, seed=None, adjusted: bool = False) -> tuple[dict, dict]:
+    """The losses of several predictors on the very same tasks, and each one's paired difference from
+    ``reference``: ``(name -> Estimate, name -> Estimate of loss(name) - loss(reference))``, as
+    :func:`paired_adjusted_losses` (``adjusted=True``: each loss minus the oracle ridge's) but for plain losses,
+    e.g. noiseless tasks, where the oracle is exact."""
     names = list(predictors)
     if reference is not None and reference not in predictors:
         raise ValueError(f"reference {reference!r} is not one of the predictors ({', '.join(names)})")
     others = [index for index, name in enumerate(names) if name != reference]
 
     def per_task(batch):
-        oracle = query_averaged_loss(oracle_ridge(batch), batch)
-        losses = torch.stack([query_averaged_loss(_weights_of(predictors[name], batch), batch) - oracle
-                              for name in names], dim=-1)
+        losses = torch.stack([query_averaged_loss(_weights_of(predictors[name], batch), batch) for name in names],
+                             dim=-1)
+        if adjusted:
+            losses = losses - query_averaged_loss(oracle_ridge(batch), batch).unsqueeze(-1)
         if reference is None:
             return losses
-        # the oracle cancels in a difference
+        # an oracle cancels in a difference
         return torch.cat([losses, losses[:, others] - losses[:, [names.index(reference)]]], dim=-1)
     num_tasks = _count(num_tasks, *predictors.values())
     estimates = _monte_carlo(per_task, sampler, num_tasks, chunk_size, seed)

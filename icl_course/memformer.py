@@ -548,7 +548,8 @@ def _stacked_loss(layer_weights, w, covariances):
 
 def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = None,
                  fixed_batch: Optional[int] = None, attention: Optional[str] = None, num_heads: int = 1,
-                 device: str | torch.device = "cpu", stretched: bool = False) -> dict:
+                 device: str | torch.device = "cpu", stretched: bool = False, start: Optional[dict] = None,
+                 batch_seed: Optional[int] = None) -> dict:
     """Train one model of ``family`` per depth in ``depths`` and per sampler, all at once (vectorised).
 
     The model for depth ``L`` and sampler ``m`` is built with seed ``seeds[m]``; all models of one sampler
@@ -563,6 +564,9 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     the same generator on every device, and what is returned is on the CPU.  ``stretched=True`` draws every batch
     (and the curve's tasks) as :func:`stretched_tasks` and weights each task's loss back: the same expected loss,
     with the rare large-eigenvalue tasks that carry a deep model's mean in every batch.
+    ``start`` (one depth only): a state dict whose tensors have the samplers first (as returned), the models' start
+    instead of :func:`build`'s, to train a model further (or a widened one); ``batch_seed`` seeds the stream of
+    training batches (default: one fixed by ``seeds``), so that further training meets batches it has not seen.
     """
     if stretched and fixed_batch is not None:
         raise ValueError("stretched batches weight a fresh stream of tasks; a fixed batch is fitted as it is")
@@ -575,6 +579,16 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     factored = family == "linear transformer"
     trained_as = "CGD-like + A_l" if factored else family
     models = [build(trained_as, deepest, num_heads, attention, seed=seed).to(device) for _ in depths for seed in seeds]
+    if start is not None:
+        if len(depths) != 1 or factored:
+            raise ValueError(f"a start is the weights of one depth of a family trained as it is; got depths {depths} "
+                             f"of {family!r}")
+        try:
+            for index, model in enumerate(models):
+                model.load_state_dict({k: v[index] for k, v in start.items()})
+        except (RuntimeError, IndexError) as error:
+            raise ValueError(f"start does not fit {S} models of {family!r} with {deepest} layers and {num_heads} "
+                             f"head(s): {str(error).splitlines()[0]}") from None
     params, buffers = stack_module_state(models)
     params = {k: v.detach().reshape(len(depths), S, *v.shape[1:]).requires_grad_(True) for k, v in params.items()}
     buffers = {k: v.reshape(len(depths), S, *v.shape[1:]) for k, v in buffers.items()}
@@ -601,7 +615,7 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
 
     leaves = list(params.values())
     optimizer = torch.optim.Adam(leaves, lr=r["learning_rate"])
-    generator = make_generator(10_000 + 97 * sum(seeds))
+    generator = make_generator(10_000 + 97 * sum(seeds) if batch_seed is None else batch_seed)
     checks = on_device(_stacked_batches(factors, r["curve_tasks"], make_generator(20_000), stretched))
     curve = []
     for step in range(r["num_steps"] + 1):

@@ -205,3 +205,32 @@ def test_paired_adjusted_losses_are_the_losses_and_their_differences_on_the_same
     assert differences["tuned"].stderr == pytest.approx(paired.stderr, rel=1e-6)
     with pytest.raises(ValueError, match="reference 'diag' is not one of the predictors"):
         paired_adjusted_losses(predictors, sampler, "diag", num_tasks=10)
+
+
+def test_paired_losses_are_plain_losses_and_their_paired_differences():
+    import copy
+
+    from icl_course.evaluate import expected_loss, paired_losses
+    from icl_course.models import LinearTransformer
+
+    sampler = RegressionTasks(5, 20, 0.5, dtype=torch.float64, device="cpu")
+    model = LinearTransformer(5, 2, parameterization="gdpp", init_scale=0.05, seed=3, dtype=torch.float64,
+                              device="cpu")
+    nudged = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in nudged.parameters():
+            parameter.mul_(1.02)
+    predictors = {"model": model, "nudged": nudged}
+    losses, differences = paired_losses(predictors, sampler, "model", num_tasks=3000, chunk_size=1000, seed=5)
+    for name, predictor in predictors.items():   # no oracle taken off: each is the plain expected loss
+        alone = expected_loss(predictor, sampler, num_tasks=3000, chunk_size=1000, seed=5)
+        assert losses[name].mean == pytest.approx(alone.mean, rel=1e-12)
+        assert losses[name].stderr == pytest.approx(alone.stderr, rel=1e-9)
+    assert set(differences) == {"nudged"}
+    assert differences["nudged"].mean == pytest.approx(losses["nudged"].mean - losses["model"].mean, rel=1e-9)
+    # two predictors that err on the same tasks: the difference's error is far below either loss's
+    assert differences["nudged"].stderr < 0.2 * losses["nudged"].stderr
+    adjusted, _ = paired_losses(predictors, sampler, None, num_tasks=3000, chunk_size=1000, seed=5, adjusted=True)
+    assert all(adjusted[name].mean < losses[name].mean for name in predictors)     # the oracle's loss taken off
+    with pytest.raises(ValueError, match="reference 'other' is not one of the predictors"):
+        paired_losses(predictors, sampler, "other", num_tasks=10)

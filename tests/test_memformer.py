@@ -560,3 +560,69 @@ def test_the_stretched_depths_script_scores_and_trains_both_ways():
     full = script.train_and_score("LFOM (tied gates)", "rotated", 2, True, 200, depths=(1,), recipe=tiny,
                                   attention="full")
     assert len(full[1]) == 3 and all(mean > 0 for mean, _ in full[1])
+
+
+def test_train_models_goes_on_from_a_start_on_its_own_batches_and_refuses_a_start_that_does_not_fit():
+    from icl_course import memformer
+
+    recipe = dict(memformer.RECIPE, num_steps=30, batch_size=64, curve_every=10, curve_tasks=400)
+    samplers = [memformer.paper_tasks("rotated", 0), memformer.paper_tasks("rotated", 1)]
+    first, first_curve = memformer.train_models("CGD-like + A_l", (2,), samplers, [0, 1], recipe)[2]
+    # no steps: the start comes back as it went in, and the curve's one point is its loss
+    same, curve = memformer.train_models("CGD-like + A_l", (2,), samplers, [0, 1], dict(recipe, num_steps=0),
+                                         start=first)[2]
+    assert all(torch.equal(same[key], value) for key, value in first.items())
+    assert torch.allclose(curve[:, 0], first_curve[:, -1], rtol=1e-12)
+    further, further_curve = memformer.train_models("CGD-like + A_l", (2,), samplers, [0, 1], recipe, start=first,
+                                                    batch_seed=123)[2]
+    assert torch.allclose(further_curve[:, 0], first_curve[:, -1], rtol=1e-12)   # it starts where the first ended
+    assert (further_curve[:, -1] < first_curve[:, -1]).all()                     # and goes on down
+    other, _ = memformer.train_models("CGD-like + A_l", (2,), samplers, [0, 1], recipe, start=first, batch_seed=124)[2]
+    again, _ = memformer.train_models("CGD-like + A_l", (2,), samplers, [0, 1], recipe, start=first, batch_seed=123)[2]
+    assert torch.equal(again["A"], further["A"]) and not torch.equal(other["A"], further["A"])
+    with pytest.raises(ValueError, match="one depth"):
+        memformer.train_models("CGD-like + A_l", (1, 2), samplers, [0, 1], recipe, start=first)
+    with pytest.raises(ValueError, match="start does not fit 2 models of 'CGD-like \\+ A_l' with 3 layers"):
+        memformer.train_models("CGD-like + A_l", (3,), samplers, [0, 1], recipe, start=first)
+
+
+def test_the_widened_heads_script_widens_without_changing_the_function_and_scores_paired(tmp_path, monkeypatch):
+    """research/widened_heads.py: the 5-head start computes the 1-head model's function; a tiny run trains both
+    from it and scores them, with the paired differences equal to the differences of the losses."""
+    import importlib.util
+    import pathlib
+
+    from icl_course import memformer
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "research" / "widened_heads.py"
+    spec = importlib.util.spec_from_file_location("widened_heads", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    results = memformer.load_experiments()
+    steps, start = script.start_weights(results, 3)
+    assert steps == memformer.longest_training(results, "heads", 1)[0][2]
+    five = script.widened(start, 5, seed=1)
+    batch = memformer.paper_tasks("rotated", 1).sample(200, seed=2)
+    one_head, five_heads = memformer.build(script.FAMILY, 3, 1, "full"), memformer.build(script.FAMILY, 3, 5, "full")
+    one_head.load_state_dict(memformer.unstack(start, 1))
+    five_heads.load_state_dict(memformer.unstack(five, 1))
+    assert (one_head(batch).weights - five_heads(batch).weights).abs().max() < 1e-12
+    assert (five["Q"][:, :, 1:].abs() > 0).all() and (five["P"][:, :, 1:] == 0).all()
+    # a tiny run through both commands, on a copy of the results
+    results_path = tmp_path / "results.pt"
+    torch.save(results, results_path)
+    monkeypatch.setattr(memformer, "RECIPE", dict(memformer.RECIPE, curve_every=2, curve_tasks=100,
+                                                  eval_tasks=300, shallow_eval_tasks=300))
+    monkeypatch.setattr(memformer, "load_experiments", lambda path=results_path: torch.load(path, weights_only=True))
+    jobs = [(3, heads, weights, 4, 0.005) for heads, weights in ((1, start), (5, five))]
+    trained = {"steps": 4, "learning_rate": 0.005, "start_steps": {3: steps}, "torch": "x", "seconds": 1.0,
+               "runs": {3: {heads: run for _, heads, run in map(script.train_job, jobs)}}}
+    torch.save(trained, tmp_path / "trained.pt")
+    script.score(tmp_path / "trained.pt", results_path)
+    scored = torch.load(results_path, weights_only=True)["widened_heads"][3]
+    assert scored["start_steps"] == steps and scored["steps"] == 4 and scored["start"].shape == (3, 2)
+    assert torch.allclose(scored["five - one"][:, 0], scored["five"][:, 0] - scored["one"][:, 0], rtol=1e-8)
+    assert torch.allclose(scored["one - start"][:, 0], scored["one"][:, 0] - scored["start"][:, 0], rtol=1e-8)
+    assert scored["weights"][5]["P"].shape == (3, 3, 5, 6, 6)
+    assert "widened_heads.py train --steps 4 --learning-rate 0.005 --depths 3" in \
+        torch.load(results_path, weights_only=True)["redone"][-1]["command"]
