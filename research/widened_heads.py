@@ -17,7 +17,7 @@ tenth of the recipe's: the start is already trained) on a stream of batches that
     python research/widened_heads.py train --steps 12000 --out widened_heads.pt     # 2 processes, on the CPU
     python research/widened_heads.py score widened_heads.pt    # into icl_course/pretrained/ch5_memformers.pt
 
-``score`` writes ``results["widened_heads"][depth]``: ``"start_steps"``, ``"steps"``, ``"learning_rate"``, the
+``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file: ``"start_steps"``, ``"steps"``, ``"learning_rate"``, the
 ``"start"``, ``"one"`` and ``"five"`` losses per seed (mean, stderr), the paired ``"five - one"`` and
 ``"one - start"`` differences per seed (mean, stderr), each model's ``"curve"`` and the new models' ``"weights"``.
 """
@@ -36,7 +36,7 @@ from icl_course.evaluate import paired_losses
 from icl_course.runtime import make_generator
 
 FAMILY, HEADS = memformer.FULL_ATTENTION["heads"][0], 5
-DEPTHS = (3, 4)
+DEPTHS = (2, 3, 4)
 
 
 def start_weights(results: dict, depth: int) -> tuple[int, dict]:
@@ -122,7 +122,7 @@ def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
                       **{name: torch.tensor(values, dtype=torch.float64) for name, values in rows.items()},
                       "curve": {1: runs[1]["curve"], HEADS: runs[HEADS]["curve"]},
                       "weights": {1: runs[1]["weights"], HEADS: runs[HEADS]["weights"]}}
-    results["widened_heads"] = out
+    results.setdefault("widened_heads", {}).update(out)      # a later call for other depths keeps these
     results["redone"] = results.get("redone", []) + [{
         "command": f"python research/widened_heads.py train --steps {trained['steps']} --learning-rate "
                    f"{trained['learning_rate']:g} --depths {' '.join(map(str, sorted(trained['runs'])))} && "

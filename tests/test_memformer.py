@@ -626,3 +626,12 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     assert scored["weights"][5]["P"].shape == (3, 3, 5, 6, 6)
     assert "widened_heads.py train --steps 4 --learning-rate 0.005 --depths 3" in \
         torch.load(results_path, weights_only=True)["redone"][-1]["command"]
+    # another depth scored later joins the first
+    steps_2, start_2 = script.start_weights(results, 2)
+    jobs = [(2, heads, weights, 2, 0.005) for heads, weights in ((1, start_2), (5, script.widened(start_2, 5, 0)))]
+    trained = dict(trained, steps=2, start_steps={2: steps_2},
+                   runs={2: {heads: run for _, heads, run in map(script.train_job, jobs)}})
+    torch.save(trained, tmp_path / "trained_2.pt")
+    script.score(tmp_path / "trained_2.pt", results_path)
+    widened = torch.load(results_path, weights_only=True)["widened_heads"]
+    assert sorted(widened) == [2, 3] and widened[3]["steps"] == 4 and widened[2]["steps"] == 2
