@@ -14,12 +14,13 @@ the million fresh tasks that scored the start (paired differences), is what extr
 recipe (Adam, warm-up, cosine decay, clipping, batches of 500 plain tasks) at a peak rate ``--learning-rate`` (a
 tenth of the recipe's: the start is already trained) on a stream of batches that training never met.
 
-    python research/widened_heads.py train --steps 12000 --out widened_heads.pt     # 2 processes, on the CPU
-    python research/widened_heads.py score widened_heads.pt    # into icl_course/pretrained/ch5_memformers.pt
+    python research/widened_heads.py train widened_heads.pt --steps 24000 --depths 3 4   # 2 processes, CPU
+    python research/widened_heads.py score widened_heads.pt     # into icl_course/pretrained/ch5_memformers.pt
 
-``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file: ``"start_steps"``, ``"steps"``, ``"learning_rate"``, the
-``"start"``, ``"one"`` and ``"five"`` losses per seed (mean, stderr), the paired ``"five - one"`` and
-``"one - start"`` differences per seed (mean, stderr), each model's ``"curve"`` and the new models' ``"weights"``.
+``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file: ``"start_steps"``,
+``"steps"``, ``"learning_rate"``, the ``"start"``, ``"one"`` and ``"five"`` losses per seed (mean, stderr), the paired
+``"five - one"`` and ``"one - start"`` differences per seed (mean, stderr), each model's ``"curve"`` and the new
+models' ``"weights"``.
 """
 
 from __future__ import annotations
