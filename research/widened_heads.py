@@ -26,6 +26,7 @@ models' ``"weights"``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import pathlib
 import time
@@ -47,17 +48,32 @@ def start_weights(results: dict, depth: int) -> tuple[int, dict]:
     return steps, {key: value.clone() for key, value in runs["heads"][1][depth]["weights"].items()}
 
 
-def widened(weights: dict, heads: int, seed: int) -> dict:
-    """``weights`` (seeds first) of 1-head models as ``heads``-head ones computing the same functions: the new heads
-    have ``P_k = 0`` and ``Q_k`` of standard deviation 0.01 (seeded)."""
+def widened(weights: dict, heads: int, seed: int, how: str = "five") -> dict:
+    """``weights`` (seeds first) of 1-head models as ``heads``-head ones computing the same functions.
+
+    ``how="five"``: the first head is the trained one, the new heads have ``P_k = 0`` and ``Q_k`` of standard
+    deviation 0.01 (seeded).  ``how="split"``: every head has the trained ``Q`` and ``P / heads`` plus noise of
+    standard deviation 0.1 times ``|P| / heads`` that sums to zero over the heads, so each head is as large as any other
+    and the heads differ from the start (a sum of bilinear maps with one ``Q``: ``sum_k P_k = P`` is the function)."""
     P, Q = weights["P"], weights["Q"]                     # (seeds, layers, 1, 6, 6)
+    generator = make_generator(seed)
+    if how == "split":
+        noise = torch.randn((*P.shape[:2], heads, *P.shape[3:]), generator=generator, dtype=P.dtype)
+        noise = (noise - noise.mean(2, keepdim=True)) * 0.1 * P.abs().mean((2, 3, 4), keepdim=True) / heads
+        return dict(weights, P=P / heads + noise, Q=Q.expand(-1, -1, heads, -1, -1).clone())
+    if how != "five":
+        raise ValueError(f"how is 'five' (new heads from zero) or 'split' (the trained head shared out); got {how!r}")
     extra = (*P.shape[:2], heads - 1, *P.shape[3:])
-    noise = 0.01 * torch.randn(extra, generator=make_generator(seed), dtype=Q.dtype)
+    noise = 0.01 * torch.randn(extra, generator=generator, dtype=Q.dtype)
     return dict(weights, P=torch.cat([P, torch.zeros(extra, dtype=P.dtype)], 2), Q=torch.cat([Q, noise], 2))
 
 
+STARTS = ("one", "five", "split")   # the 1-head model itself, and its two 5-head widenings (see `widened`)
+
+
 def train_job(job) -> tuple:
-    depth, heads, start, steps, learning_rate = job
+    depth, name, start, steps, learning_rate = job
+    heads = 1 if name == "one" else HEADS
     torch.set_num_threads(1)
     seeds = list(memformer.RECIPE["seeds"])
     samplers = memformer._samplers(seeds)[:len(seeds)]          # the rotated data, one U per seed
@@ -66,26 +82,25 @@ def train_job(job) -> tuple:
     trained = memformer.train_models(FAMILY, (depth,), samplers, seeds, recipe, attention="full", num_heads=heads,
                                      start=start, batch_seed=50_000 + depth)
     weights, curve = trained[depth]
-    return depth, heads, {"weights": weights, "curve": curve, "seconds": time.perf_counter() - begin}
+    return depth, name, {"weights": weights, "curve": curve, "seconds": time.perf_counter() - begin}
 
 
-def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, depths) -> None:
+def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, depths, starts=STARTS) -> None:
     results = memformer.load_experiments()
-    jobs, starts = [], {}
+    jobs, start_steps = [], {}
     for depth in depths:
-        start_steps, weights = start_weights(results, depth)
-        starts[depth] = start_steps
-        jobs += [(depth, HEADS, widened(weights, HEADS, 60_000 + depth), steps, learning_rate),
-                 (depth, 1, weights, steps, learning_rate)]
-    jobs.sort(key=lambda job: -job[0] * job[1])      # the slowest first
-    trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": starts, "torch": str(torch.__version__),
+        start_steps[depth], weights = start_weights(results, depth)
+        jobs += [(depth, name, weights if name == "one" else widened(weights, HEADS, 60_000 + depth, name), steps,
+                  learning_rate) for name in starts]
+    jobs.sort(key=lambda job: -job[0] * (1 if job[1] == "one" else HEADS))      # the slowest first
+    trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps, "torch": str(torch.__version__),
                "runs": {}}
     begin = time.perf_counter()
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes) as pool:
-        for depth, heads, run in pool.imap_unordered(train_job, jobs):
-            trained["runs"].setdefault(depth, {})[heads] = run
-            print(f"depth {depth}, {heads} head(s): {run['seconds']:.0f} s, last curve "
+    # one process: the jobs run here, one after another; more: spawned (a forked process would share torch's threads)
+    with contextlib.nullcontext() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes) as pool:
+        for depth, name, run in (map if pool is None else pool.imap_unordered)(train_job, jobs):
+            trained["runs"].setdefault(depth, {})[name] = run
+            print(f"depth {depth}, {name}: {run['seconds']:.0f} s, last curve "
                   f"{[f'{v:.3g}' for v in run['curve'][:, -1].tolist()]}", flush=True)
             torch.save(trained, out)
     trained["seconds"] = time.perf_counter() - begin
@@ -93,44 +108,68 @@ def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, d
     print(f"done in {trained['seconds']:.0f} s", flush=True)
 
 
-def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
-    trained = torch.load(path, map_location="cpu", weights_only=True)
+def _command(trained: dict) -> str:
+    """The ``train`` command that made one file."""
+    depths = " ".join(map(str, sorted(trained["runs"])))
+    names = sorted({name for runs in trained["runs"].values() for name in runs}, key=STARTS.index)
+    chosen = "" if tuple(names) == STARTS else " --starts " + " ".join(names)
+    return (f"python research/widened_heads.py train FILE --steps {trained['steps']} --learning-rate "
+            f"{trained['learning_rate']:g} --depths {depths}{chosen}")
+
+
+def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
+    """Score every model the ``train`` files in ``paths`` hold (each depth's runs may come from several files, trained
+    with the same steps and rate) beside its start, on that start's million tasks, into ``results_path``."""
+    files = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
     results = memformer.load_experiments(results_path)
     seeds = list(memformer.RECIPE["seeds"])
     samplers = memformer._samplers(seeds)[:len(seeds)]
-    begin, out = time.perf_counter(), {}
-    for depth, runs in sorted(trained["runs"].items()):
+    begin, out, by_depth = time.perf_counter(), {}, {}
+    for trained in files:
+        for depth, runs in trained["runs"].items():
+            first = by_depth.setdefault(depth, {"steps": trained["steps"], "learning_rate": trained["learning_rate"],
+                                                "start_steps": trained["start_steps"][depth], "runs": {}})
+            if (first["steps"], first["learning_rate"]) != (trained["steps"], trained["learning_rate"]):
+                raise SystemExit(f"depth {depth}: the files were trained with different steps or rates")
+            first["runs"].update(runs)
+    for depth, group in sorted(by_depth.items()):
+        runs = group["runs"]
+        if "one" not in runs:
+            raise SystemExit(f"depth {depth}: no file holds the 1-head model trained on (the paired reference)")
         _, start = start_weights(results, depth)
-        rows = {name: [] for name in ("start", "one", "five", "five - one", "one - start")}
+        names = sorted(runs, key=STARTS.index)
+        rows = {name: [] for name in ("start", *names, *(f"{name} - one" for name in names if name != "one"),
+                                      "one - start")}
         for position, seed in enumerate(seeds):
             models = {}
-            for name, heads, weights in (("start", 1, start), ("one", 1, runs[1]["weights"]),
-                                         ("five", HEADS, runs[HEADS]["weights"])):
-                models[name] = memformer.build(FAMILY, depth, heads, "full")
+            for name, weights in (("start", start), *((name, runs[name]["weights"]) for name in names)):
+                models[name] = memformer.build(FAMILY, depth, 1 if name in ("start", "one") else HEADS, "full")
                 models[name].load_state_dict(memformer.unstack(weights, position))
             # the tasks that scored the start (memformer._scored's seed), so "start" is the shipped number
             losses, differences = paired_losses(models, samplers[position], "one", memformer.eval_count(depth),
                                                 seed=7_000 + 31 * seed + depth)
-            for name in ("start", "one", "five"):
+            for name in ("start", *names):
                 rows[name].append((losses[name].mean, losses[name].stderr))
-            rows["five - one"].append((differences["five"].mean, differences["five"].stderr))
+            for name in names:
+                if name != "one":
+                    rows[f"{name} - one"].append((differences[name].mean, differences[name].stderr))
             rows["one - start"].append((-differences["start"].mean, differences["start"].stderr))
-            print(f"depth {depth}, seed {seed}: " + ", ".join(f"{name} {mean:.4g} ± {error:.2g}"
-                                                               for name, (mean, error) in
-                                                               ((n, rows[n][-1]) for n in rows)), flush=True)
-        out[depth] = {"start_steps": trained["start_steps"][depth], "steps": trained["steps"],
-                      "learning_rate": trained["learning_rate"],
+            print(f"depth {depth}, seed {seed}: " + ", ".join(f"{name} {values[-1][0]:.4g} ± {values[-1][1]:.2g}"
+                                                               for name, values in rows.items()), flush=True)
+        out[depth] = {"start_steps": group["start_steps"], "steps": group["steps"],
+                      "learning_rate": group["learning_rate"],
                       **{name: torch.tensor(values, dtype=torch.float64) for name, values in rows.items()},
-                      "curve": {1: runs[1]["curve"], HEADS: runs[HEADS]["curve"]},
-                      "weights": {1: runs[1]["weights"], HEADS: runs[HEADS]["weights"]}}
+                      "curve": {name: runs[name]["curve"] for name in names},
+                      "weights": {name: runs[name]["weights"] for name in names}}
     results.setdefault("widened_heads", {}).update(out)      # a later call for other depths keeps these
     results["redone"] = results.get("redone", []) + [{
-        "command": f"python research/widened_heads.py train --steps {trained['steps']} --learning-rate "
-                   f"{trained['learning_rate']:g} --depths {' '.join(map(str, sorted(trained['runs'])))} && "
-                   f"python research/widened_heads.py score {path.name}",
-        "parts": ["widened_heads"], "seconds": trained["seconds"] + time.perf_counter() - begin,
-        "where": f"trained on a 2-core CPU, 2 processes side by side ({trained['seconds']:.0f} s, torch "
-                 f"{trained['torch']}); scored there ({time.perf_counter() - begin:.0f} s)"}]
+        "command": " && ".join(_command(trained).replace("FILE", path.name) for trained, path in zip(files, paths))
+        + " && python research/widened_heads.py score " + " ".join(path.name for path in paths),
+        "parts": ["widened_heads"],
+        "seconds": sum(trained["seconds"] for trained in files) + time.perf_counter() - begin,
+        "where": "trained on a 2-core CPU, 2 processes side by side (" + ", ".join(
+            f"{trained['seconds']:.0f} s" for trained in files) + f", torch {files[0]['torch']}); scored there "
+        f"({time.perf_counter() - begin:.0f} s)"}]
     torch.save(results, results_path)
     print(f"wrote {results_path}", flush=True)
 
@@ -138,17 +177,22 @@ def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=("train", "score"))
-    parser.add_argument("path", help="train: the file to write; score: the file `train` wrote")
-    parser.add_argument("--steps", type=int, default=12_000)
+    parser.add_argument("paths", nargs="+", help="train: the file to write; score: the files `train` wrote")
+    parser.add_argument("--steps", type=int, default=24_000)
     parser.add_argument("--learning-rate", type=float, default=0.005)
     parser.add_argument("--depths", nargs="*", type=int, default=list(DEPTHS))
+    parser.add_argument("--starts", nargs="*", default=list(STARTS), help=f"train: which of {STARTS} (default: all)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--results", default=str(memformer.PRETRAINED))
     arguments = parser.parse_args()
     if set(arguments.depths) - set(DEPTHS):
         parser.error(f"depths must be among {DEPTHS}")
+    if set(arguments.starts) - set(STARTS):
+        parser.error(f"starts must be among {STARTS}")
     if arguments.what == "train":
-        train(arguments.steps, arguments.learning_rate, pathlib.Path(arguments.path), arguments.processes,
-              arguments.depths)
+        if len(arguments.paths) != 1:
+            parser.error("train writes one file")
+        train(arguments.steps, arguments.learning_rate, pathlib.Path(arguments.paths[0]), arguments.processes,
+              arguments.depths, tuple(arguments.starts))
     else:
-        score(pathlib.Path(arguments.path), pathlib.Path(arguments.results))
+        score([pathlib.Path(path) for path in arguments.paths], pathlib.Path(arguments.results))

@@ -587,8 +587,8 @@ def test_train_models_goes_on_from_a_start_on_its_own_batches_and_refuses_a_star
 
 
 def test_the_widened_heads_script_widens_without_changing_the_function_and_scores_paired(tmp_path, monkeypatch):
-    """research/widened_heads.py: the 5-head start computes the 1-head model's function; a tiny run trains both
-    from it and scores them, with the paired differences equal to the differences of the losses."""
+    """research/widened_heads.py: both 5-head starts compute the 1-head model's function; tiny runs from two files
+    train from them and are scored together, with the paired differences equal to the differences of the losses."""
     import importlib.util
     import pathlib
 
@@ -601,37 +601,47 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     results = memformer.load_experiments()
     steps, start = script.start_weights(results, 3)
     assert steps == memformer.longest_training(results, "heads", 1)[0][2]
-    five = script.widened(start, 5, seed=1)
+    five, split = script.widened(start, 5, seed=1), script.widened(start, 5, seed=1, how="split")
     batch = memformer.paper_tasks("rotated", 1).sample(200, seed=2)
-    one_head, five_heads = memformer.build(script.FAMILY, 3, 1, "full"), memformer.build(script.FAMILY, 3, 5, "full")
+    one_head = memformer.build(script.FAMILY, 3, 1, "full")
     one_head.load_state_dict(memformer.unstack(start, 1))
-    five_heads.load_state_dict(memformer.unstack(five, 1))
-    assert (one_head(batch).weights - five_heads(batch).weights).abs().max() < 1e-12
+    for weights in (five, split):
+        five_heads = memformer.build(script.FAMILY, 3, 5, "full")
+        five_heads.load_state_dict(memformer.unstack(weights, 1))
+        assert (one_head(batch).weights - five_heads(batch).weights).abs().max() < 1e-12
     assert (five["Q"][:, :, 1:].abs() > 0).all() and (five["P"][:, :, 1:] == 0).all()
-    # a tiny run through both commands, on a copy of the results
+    sizes = split["P"].flatten(-2).norm(dim=-1)                               # (seeds, layers, heads): all alike
+    assert (sizes.max(-1).values < 1.2 * sizes.min(-1).values).all() and not torch.equal(split["P"][:, :, 0],
+                                                                                          split["P"][:, :, 1])
+    with pytest.raises(ValueError, match="how is 'five'"):
+        script.widened(start, 5, seed=1, how="spread")
+    # tiny runs through both commands, two files (the split start trained later), on a copy of the results
     results_path = tmp_path / "results.pt"
-    torch.save(results, results_path)
+    torch.save({key: value for key, value in results.items() if key != "widened_heads"}, results_path)
     monkeypatch.setattr(memformer, "RECIPE", dict(memformer.RECIPE, curve_every=2, curve_tasks=100,
                                                   eval_tasks=300, shallow_eval_tasks=300))
     monkeypatch.setattr(memformer, "load_experiments", lambda path=results_path: torch.load(path, weights_only=True))
-    jobs = [(3, heads, weights, 4, 0.005) for heads, weights in ((1, start), (5, five))]
-    trained = {"steps": 4, "learning_rate": 0.005, "start_steps": {3: steps}, "torch": "x", "seconds": 1.0,
-               "runs": {3: {heads: run for _, heads, run in map(script.train_job, jobs)}}}
-    torch.save(trained, tmp_path / "trained.pt")
-    script.score(tmp_path / "trained.pt", results_path)
-    scored = torch.load(results_path, weights_only=True)["widened_heads"][3]
-    assert scored["start_steps"] == steps and scored["steps"] == 4 and scored["start"].shape == (3, 2)
-    assert torch.allclose(scored["five - one"][:, 0], scored["five"][:, 0] - scored["one"][:, 0], rtol=1e-8)
-    assert torch.allclose(scored["one - start"][:, 0], scored["one"][:, 0] - scored["start"][:, 0], rtol=1e-8)
-    assert scored["weights"][5]["P"].shape == (3, 3, 5, 6, 6)
-    assert "widened_heads.py train --steps 4 --learning-rate 0.005 --depths 3" in \
-        torch.load(results_path, weights_only=True)["redone"][-1]["command"]
-    # another depth scored later joins the first
-    steps_2, start_2 = script.start_weights(results, 2)
-    jobs = [(2, heads, weights, 2, 0.005) for heads, weights in ((1, start_2), (5, script.widened(start_2, 5, 0)))]
-    trained = dict(trained, steps=2, start_steps={2: steps_2},
-                   runs={2: {heads: run for _, heads, run in map(script.train_job, jobs)}})
-    torch.save(trained, tmp_path / "trained_2.pt")
-    script.score(tmp_path / "trained_2.pt", results_path)
+    files = []
+    for names in (("one", "five"), ("split",)):
+        out = tmp_path / f"trained_{len(files)}.pt"
+        script.train(4, 0.005, out, processes=1, depths=[3], starts=names)
+        files.append(out)
+    script.score(files, results_path)
+    scored = torch.load(results_path, weights_only=True)
+    widened = scored["widened_heads"][3]
+    assert widened["start_steps"] == steps and widened["steps"] == 4 and widened["start"].shape == (3, 2)
+    for name in ("five", "split"):
+        assert torch.allclose(widened[f"{name} - one"][:, 0], widened[name][:, 0] - widened["one"][:, 0], rtol=1e-8)
+    assert torch.allclose(widened["one - start"][:, 0], widened["one"][:, 0] - widened["start"][:, 0], rtol=1e-8)
+    assert widened["weights"]["split"]["P"].shape == (3, 3, 5, 6, 6)
+    command = scored["redone"][-1]["command"]
+    assert "train trained_0.pt --steps 4 --learning-rate 0.005 --depths 3 --starts one five" in command
+    assert "train trained_1.pt --steps 4 --learning-rate 0.005 --depths 3 --starts split" in command
+    assert command.endswith("score trained_0.pt trained_1.pt")
+    # another depth scored later joins the first; a depth without its 1-head run is refused
+    script.train(2, 0.005, tmp_path / "two.pt", processes=1, depths=[2], starts=("one", "five"))
+    script.score([tmp_path / "two.pt"], results_path)
     widened = torch.load(results_path, weights_only=True)["widened_heads"]
     assert sorted(widened) == [2, 3] and widened[3]["steps"] == 4 and widened[2]["steps"] == 2
+    with pytest.raises(SystemExit, match="no file holds the 1-head model"):
+        script.score([files[1]], results_path)
