@@ -93,8 +93,8 @@ def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, d
         jobs += [(depth, name, weights if name == "one" else widened(weights, HEADS, 60_000 + depth, name), steps,
                   learning_rate) for name in starts]
     jobs.sort(key=lambda job: -job[0] * (1 if job[1] == "one" else HEADS))      # the slowest first
-    trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps, "torch": str(torch.__version__),
-               "runs": {}}
+    trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps,
+               "torch": str(torch.__version__), "runs": {}}
     begin = time.perf_counter()
     # one process: the jobs run here, one after another; more: spawned (a forked process would share torch's threads)
     with contextlib.nullcontext() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes) as pool:
