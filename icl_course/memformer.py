@@ -729,6 +729,33 @@ def eval_count(depth: int, recipe: Optional[dict] = None) -> int:
     return r["eval_tasks"] if depth >= 3 else r["shallow_eval_tasks"]
 
 
+def widen_heads(weights: dict, num_heads: int, seed: int = 0, how: str = "new") -> dict:
+    """1-head models with every entry of ``P`` and ``Q`` trained (a state dict, models first: ``P``, ``Q`` of shape
+    (M, L, 1, d+1, d+1)) as ``num_heads``-head models that compute the very same functions.
+
+    A layer adds ``sum_k P_k Z M Z^T Q_k Z / n`` over its heads.  ``how="new"``: the first head is the trained one and
+    the new heads have ``P_k = 0`` (so they add nothing) and ``Q_k`` of standard deviation 0.01 (so that their ``P_k``
+    get a gradient).  ``how="split"``: every head has the trained ``Q`` and ``P / H`` plus noise that sums to zero over
+    the heads (standard deviation a tenth of the mean ``|P| / H``), so the heads are equally large and differ from the
+    start.  Seeded by ``seed``."""
+    P, Q = weights["P"], weights["Q"]
+    if P.dim() != 5 or P.shape[2] != 1 or Q.shape != P.shape:
+        raise ValueError(f"widen_heads takes stacked 1-head weights, P and Q of shape (models, layers, 1, d+1, d+1); "
+                         f"got P {tuple(P.shape)} and Q {tuple(Q.shape)}")
+    check_count(num_heads, "num_heads")
+    generator = make_generator(seed)
+    if how == "split":
+        noise = torch.randn((*P.shape[:2], num_heads, *P.shape[3:]), generator=generator, dtype=P.dtype)
+        noise = (noise - noise.mean(2, keepdim=True)) * 0.1 * P.abs().mean((2, 3, 4), keepdim=True) / num_heads
+        return dict(weights, P=P / num_heads + noise, Q=Q.expand(-1, -1, num_heads, -1, -1).clone())
+    if how != "new":
+        raise ValueError(f"how is 'new' (the trained head and new heads from P = 0) or 'split' (the trained head "
+                         f"shared out over the heads); got {how!r}")
+    extra = (*P.shape[:2], num_heads - 1, *P.shape[3:])
+    noise = 0.01 * torch.randn(extra, generator=generator, dtype=Q.dtype)
+    return dict(weights, P=torch.cat([P, torch.zeros(extra, dtype=P.dtype)], 2), Q=torch.cat([Q, noise], 2))
+
+
 def unstack(weights: dict, index: int) -> dict:
     """Model ``index``'s state dict from a stacked one."""
     return {key: value[index] for key, value in weights.items()}

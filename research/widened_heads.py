@@ -35,7 +35,6 @@ import torch
 
 from icl_course import memformer
 from icl_course.evaluate import paired_losses
-from icl_course.runtime import make_generator
 
 FAMILY, HEADS = memformer.FULL_ATTENTION["heads"][0], 5
 DEPTHS = (2, 3, 4)
@@ -49,23 +48,12 @@ def start_weights(results: dict, depth: int) -> tuple[int, dict]:
 
 
 def widened(weights: dict, heads: int, seed: int, how: str = "five") -> dict:
-    """``weights`` (seeds first) of 1-head models as ``heads``-head ones computing the same functions.
-
-    ``how="five"``: the first head is the trained one, the new heads have ``P_k = 0`` and ``Q_k`` of standard
-    deviation 0.01 (seeded).  ``how="split"``: every head has the trained ``Q`` and ``P / heads`` plus noise of
-    standard deviation 0.1 times ``|P| / heads`` that sums to zero over the heads, so each head is as large as any other
-    and the heads differ from the start (a sum of bilinear maps with one ``Q``: ``sum_k P_k = P`` is the function)."""
-    P, Q = weights["P"], weights["Q"]                     # (seeds, layers, 1, 6, 6)
-    generator = make_generator(seed)
-    if how == "split":
-        noise = torch.randn((*P.shape[:2], heads, *P.shape[3:]), generator=generator, dtype=P.dtype)
-        noise = (noise - noise.mean(2, keepdim=True)) * 0.1 * P.abs().mean((2, 3, 4), keepdim=True) / heads
-        return dict(weights, P=P / heads + noise, Q=Q.expand(-1, -1, heads, -1, -1).clone())
-    if how != "five":
+    """``weights`` (seeds first) of 1-head models as ``heads``-head ones computing the same functions
+    (:func:`icl_course.memformer.widen_heads`): ``how="five"``, the trained head and new heads from ``P_k = 0``;
+    ``how="split"``, the trained head shared out over the heads."""
+    if how not in ("five", "split"):
         raise ValueError(f"how is 'five' (new heads from zero) or 'split' (the trained head shared out); got {how!r}")
-    extra = (*P.shape[:2], heads - 1, *P.shape[3:])
-    noise = 0.01 * torch.randn(extra, generator=generator, dtype=Q.dtype)
-    return dict(weights, P=torch.cat([P, torch.zeros(extra, dtype=P.dtype)], 2), Q=torch.cat([Q, noise], 2))
+    return memformer.widen_heads(weights, heads, seed, "new" if how == "five" else how)
 
 
 STARTS = ("one", "five", "split")   # the 1-head model itself, and its two 5-head widenings (see `widened`)

@@ -645,3 +645,32 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     assert sorted(widened) == [2, 3] and widened[3]["steps"] == 4 and widened[2]["steps"] == 2
     with pytest.raises(SystemExit, match="no file holds the 1-head model"):
         script.score([files[1]], results_path)
+
+
+@pytest.mark.parametrize("how", ["new", "split"])
+def test_widen_heads_keeps_the_function_and_refuses_what_it_cannot_widen(how):
+    from icl_course import memformer
+
+    one = [memformer.build("CGD-like + A_l", 2, 1, "full", seed=seed) for seed in (0, 1)]
+    with torch.no_grad():   # away from the start, so that every block of P and Q matters
+        for model in one:
+            for parameter in (model.P, model.Q):
+                parameter.add_(0.3 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(5),
+                                                 dtype=torch.float64))
+    stacked = {key: torch.stack([model.state_dict()[key] for model in one]) for key in one[0].state_dict()}
+    wide = memformer.widen_heads(stacked, 5, seed=3, how=how)
+    batch = memformer.paper_tasks("rotated", 0).sample(100, seed=1)
+    for index, model in enumerate(one):
+        five = memformer.build("CGD-like + A_l", 2, 5, "full")
+        five.load_state_dict(memformer.unstack(wide, index))
+        assert (five(batch).layer_weights - model(batch).layer_weights).abs().max() < 1e-10
+    sizes = wide["P"].flatten(-2).norm(dim=-1)                           # (models, layers, heads)
+    if how == "split":   # every head as large as the others, and no two alike
+        assert (sizes.max(-1).values < 1.3 * sizes.min(-1).values).all()
+        assert not torch.equal(wide["P"][:, :, 0], wide["P"][:, :, 1])
+    else:                # the trained head, then heads that add nothing yet
+        assert torch.equal(wide["P"][:, :, 0], stacked["P"][:, :, 0]) and (sizes[:, :, 1:] == 0).all()
+    with pytest.raises(ValueError, match="how is 'new'"):
+        memformer.widen_heads(stacked, 5, how="zero")
+    with pytest.raises(ValueError, match="stacked 1-head weights"):
+        memformer.widen_heads(wide, 5)
