@@ -3,24 +3,31 @@
 Dutta and Sra (2024, Figure 5) find that 5 heads beat 1. Trained from scratch, 5 heads at 3 layers needed 96 000 Adam
 steps to come level with one head's 24 000, and at 4 layers neither converges in 48 000; so a comparison from scratch
 mixes the class's capacity with how fast each trains.  This one holds the training equal.  For each depth and seed,
-two models train on from the same start, with the same steps and the same fresh batches:
+three models train on from the same start, with the same steps and the same fresh batches (``--starts``):
 
-- the trained 1-head model itself (the control: where it has converged, further training leaves it where it is);
-- a 5-head model whose first head is that model and whose four new heads start with ``P_k = 0`` (so it computes the
-  very same function) and small random ``Q_k`` (so that the new ``P_k`` get a gradient).
+- ``one``: the trained 1-head model itself (the control: where it has converged, further training leaves it there);
+- ``five``: a 5-head model whose first head is that model and whose four new heads start with ``P_k = 0`` (so it
+  computes the very same function) and small random ``Q_k`` (so that the new ``P_k`` get a gradient);
+- ``split``: the trained head shared out over 5 heads (same ``Q``, ``P / 5`` plus noise summing to zero): the same
+  function again, with every head as large as the others.
 
-A 5-head model can always switch its new heads off, so it can only end at or below the control: by how much, on
-the million fresh tasks that scored the start (paired differences), is what extra heads buy.  Both train with the
-recipe (Adam, warm-up, cosine decay, clipping, batches of 500 plain tasks) at a peak rate ``--learning-rate`` (a
-tenth of the recipe's: the start is already trained) on a stream of batches that training never met.
+A 5-head model can always switch its extra heads off, so it should end at or below the control: by how much, on
+the tasks that scored the start (paired differences), is what extra heads buy.  All train with the recipe (Adam,
+warm-up, cosine decay, clipping, batches of 500 plain tasks) at a peak rate ``--learning-rate`` (a tenth of the
+recipe's: the start is already trained) on a stream of batches that training never met.
 
-    python research/widened_heads.py train widened_heads.pt --steps 24000 --depths 3 4   # 2 processes, CPU
-    python research/widened_heads.py score widened_heads.pt     # into icl_course/pretrained/ch5_memformers.pt
+    python research/widened_heads.py train widened_heads.pt --steps 24000 --depths 3 4 --starts one five  # 2 508 s
+    python research/widened_heads.py train widened_heads_2.pt --steps 24000 --depths 2 --starts one five  # 1 132 s
+    python research/widened_heads.py train widened_heads_split.pt --steps 24000 --depths 2 3 --starts split  # 1 200 s
+    python research/widened_heads.py score widened_heads.pt widened_heads_2.pt widened_heads_split.pt    # 227 s
+
+(the shipped results, made so on a 2-core CPU, 2 processes side by side, the calls partly overlapping; all three
+starts of a depth train on the same batches, so files made apart are still paired.)
 
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file: ``"start_steps"``,
-``"steps"``, ``"learning_rate"``, the ``"start"``, ``"one"`` and ``"five"`` losses per seed (mean, stderr), the paired
-``"five - one"`` and ``"one - start"`` differences per seed (mean, stderr), each model's ``"curve"`` and the new
-models' ``"weights"``.
+``"steps"``, ``"learning_rate"``, the ``"start"`` loss and each trained model's per seed (mean, stderr), the paired
+``"five - one"``, ``"split - one"`` and ``"one - start"`` differences per seed (mean, stderr), each model's ``"curve"``
+and ``"weights"``.
 """
 
 from __future__ import annotations
