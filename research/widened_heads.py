@@ -3,7 +3,8 @@
 Dutta and Sra (2024, Figure 5) find that 5 heads beat 1. Trained from scratch, 5 heads at 3 layers needed 96 000 Adam
 steps to come level with one head's 24 000, and at 4 layers neither converges in 48 000; so a comparison from scratch
 mixes the class's capacity with how fast each trains.  This one holds the training equal.  For each depth and seed,
-three models train on from the same start, with the same steps and the same fresh batches (``--starts``):
+three models train on from the same start, with the same steps and the same fresh batches (``--starts``; the
+shipped run trained the third at 2 and 3 layers only):
 
 - ``one``: the trained 1-head model itself (the control: where it has converged, further training leaves it there);
 - ``five``: a 5-head model whose first head is that model and whose four new heads start with ``P_k = 0`` (so it
@@ -16,9 +17,12 @@ the tasks that scored the start (paired differences), is what extra heads buy.  
 warm-up, cosine decay, clipping, batches of 500 plain tasks) at a peak rate ``--learning-rate`` (a tenth of the
 recipe's: the start is already trained) on a stream of batches that training never met.
 
-    python research/widened_heads.py train widened_heads.pt --steps 24000 --depths 3 4 --starts one five  # 2 508 s
-    python research/widened_heads.py train widened_heads_2.pt --steps 24000 --depths 2 --starts one five  # 1 132 s
-    python research/widened_heads.py train widened_heads_split.pt --steps 24000 --depths 2 3 --starts split  # 1 200 s
+    python research/widened_heads.py train widened_heads.pt --steps 24000 --learning-rate 0.005 --depths 3 4 \
+        --starts one five                                                        # 2 508 s
+    python research/widened_heads.py train widened_heads_2.pt --steps 24000 --learning-rate 0.005 --depths 2 \
+        --starts one five                                                        # 1 132 s
+    python research/widened_heads.py train widened_heads_split.pt --steps 24000 --learning-rate 0.005 --depths 2 3 \
+        --starts split                                                           # 1 200 s
     python research/widened_heads.py score widened_heads.pt widened_heads_2.pt widened_heads_split.pt    # 227 s
 
 (the shipped results, made so on a 2-core CPU, 2 processes side by side, the calls partly overlapping; all three
