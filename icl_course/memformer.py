@@ -733,7 +733,8 @@ def widen_heads(weights: dict, num_heads: int, seed: int = 0, how: str = "new") 
     """1-head models with every entry of ``P`` and ``Q`` trained (a state dict, models first: ``P``, ``Q`` of shape
     (M, L, 1, d+1, d+1)) as ``num_heads``-head models that compute the very same functions.
 
-    A layer adds ``sum_k P_k Z M Z^T Q_k Z / n`` over its heads.  ``how="new"``: the first head is the trained one and
+    A layer adds ``sum_k P_k Z M Z^T Q_k Z / n`` over its heads (Dutta and Sra 2024, eq. 3.1: the heads' attention
+    values are summed).  ``how="new"``: the first head is the trained one and
     the new heads have ``P_k = 0`` (so they add nothing) and ``Q_k`` of standard deviation 0.01 (so that their ``P_k``
     get a gradient).  ``how="split"``: every head has the trained ``Q`` and ``P / H`` plus noise that sums to zero over
     the heads (standard deviation a tenth of the mean ``|P| / H``), so the heads are equally large and differ from the
@@ -812,8 +813,10 @@ def tuned_baselines(sampler, num_steps: int, tune_tasks: int, score_tasks: int, 
             for i, name in enumerate(BASELINES)}
 
 
-def _samplers(seeds) -> list:
-    """One sampler per trained model: the rotated setting for every seed (its own ``U``), then the isotropic."""
+def setting_samplers(seeds) -> list:
+    """The samplers of chapter 5's trained models, in the order they are stacked: ``paper_tasks("rotated", seed)``
+    for every seed in ``seeds`` (each its own ``U``), then ``paper_tasks("isotropic", seed)`` for each (2 * len(seeds)).
+    """
     return [paper_tasks(setting, seed) for setting in SETTINGS for seed in seeds]
 
 
@@ -887,7 +890,7 @@ def run_experiments(path=PRETRAINED, resume: bool = True, recipe: Optional[dict]
         results["seconds"] = {**results.get("seconds", {}), "small batches": time.perf_counter() - start}
         torch.save(results, path)
         print(f"small batches: {time.perf_counter() - start:.0f} s", flush=True)
-    samplers = _samplers(seeds)
+    samplers = setting_samplers(seeds)
     for family in MODELS:
         # a depth is trained (again) when the file lacks it or trained it on other tasks than the recipe says
         stale = tuple(depth for depth in r["depths"] if any(

@@ -75,7 +75,7 @@ def train_group(part: str, key, depth: int, steps: int, device: str) -> dict:
     """One depth of one part trained for ``steps``: ``{key: {depth: {"weights", "curve"}}}`` and its seconds."""
     family, keys = memformer.FULL_ATTENTION[part]
     seeds = list(memformer.RECIPE["seeds"])
-    samplers = memformer._samplers(seeds)
+    samplers = memformer.setting_samplers(seeds)
     recipe = memformer.full_attention_recipe(part, steps, dict(memformer.RECIPE, depths=(depth,)))
     start = time.perf_counter()
     if part == "heads":
@@ -210,7 +210,7 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
     files = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
     results = memformer.load_experiments(results_path)
     seeds = list(memformer.RECIPE["seeds"])
-    samplers = memformer._samplers(seeds)
+    samplers = memformer.setting_samplers(seeds)
     begin = time.perf_counter()
     scored = {}
     for trained in files:

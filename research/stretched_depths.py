@@ -29,7 +29,7 @@ from icl_course import memformer
 
 def _samplers(setting: str) -> tuple[list, list]:
     seeds = list(memformer.RECIPE["seeds"])
-    everything = memformer._samplers(seeds)
+    everything = memformer.setting_samplers(seeds)
     index = memformer.SETTINGS.index(setting)
     return seeds, everything[index * len(seeds):(index + 1) * len(seeds)]
 

@@ -28,10 +28,20 @@ recipe's: the start is already trained) on a stream of batches that training nev
 (the shipped results, made so on a 2-core CPU, 2 processes side by side, the calls partly overlapping; all three
 starts of a depth train on the same batches, so files made apart are still paired.)
 
-``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file: ``"start_steps"``,
-``"steps"``, ``"learning_rate"``, the ``"start"`` loss and each trained model's per seed (mean, stderr), the paired
-``"five - one"``, ``"split - one"`` and ``"one - start"`` differences per seed (mean, stderr), each model's ``"curve"``
-and ``"weights"``.
+``--continued`` trains a second stage: each model of the shipped run (``results["widened_heads"][depth]["weights"]``)
+on from where it ended, on another stream of batches, with a warm-up and cosine decay of its own.  Where the first
+stage has converged the control stays put; where it still fell, this says whether it goes on falling:
+
+    python research/widened_heads.py train widened_heads_4_continued.pt --steps 24000 --learning-rate 0.005 \
+        --depths 4 --starts one five --continued                                 # (time below, once run)
+    python research/widened_heads.py score widened_heads_4_continued.pt
+
+``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a second stage,
+``results["widened_heads_continued"][depth]``, which also holds each first-stage end, ``"NAME (first stage)"``,
+scored again on the same tasks, and what the stage moved it, ``"NAME - NAME (first stage)"``, paired):
+``"start_steps"``, ``"steps"``, ``"learning_rate"``, the ``"start"`` loss and each trained model's per seed (mean,
+stderr), the paired ``"five - one"``, ``"split - one"`` and ``"one - start"`` differences per seed (mean, stderr), each
+model's ``"curve"`` and ``"weights"``.
 """
 
 from __future__ import annotations
@@ -71,28 +81,43 @@ STARTS = ("one", "five", "split")   # the 1-head model itself, and its two 5-hea
 
 
 def train_job(job) -> tuple:
-    depth, name, start, steps, learning_rate = job
+    depth, name, start, steps, learning_rate, stage = job
     heads = 1 if name == "one" else HEADS
     torch.set_num_threads(1)
     seeds = list(memformer.RECIPE["seeds"])
-    samplers = memformer._samplers(seeds)[:len(seeds)]          # the rotated data, one U per seed
+    samplers = memformer.setting_samplers(seeds)[:len(seeds)]          # the rotated data, one U per seed
     recipe = dict(memformer.full_attention_recipe("heads", steps), depths=(depth,), learning_rate=learning_rate)
     begin = time.perf_counter()
     trained = memformer.train_models(FAMILY, (depth,), samplers, seeds, recipe, attention="full", num_heads=heads,
-                                     start=start, batch_seed=50_000 + depth)
+                                     start=start, batch_seed=50_000 + 1_000 * stage + depth)
     weights, curve = trained[depth]
     return depth, name, {"weights": weights, "curve": curve, "seconds": time.perf_counter() - begin}
 
 
-def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, depths, starts=STARTS) -> None:
+def continued_weights(results: dict, depth: int, name: str) -> dict:
+    """The models the shipped widened run trained (``results["widened_heads"][depth]``), to train on further."""
+    shipped = results.get("widened_heads", {}).get(depth, {}).get("weights", {})
+    if name not in shipped:
+        raise SystemExit(f"depth {depth}: the shipped results hold no widened run of {name!r} to continue "
+                         f"(they hold {sorted(shipped) or 'none'}); train and score that first")
+    return {key: value.clone() for key, value in shipped[name].items()}
+
+
+def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, depths, starts=STARTS,
+          continued: bool = False) -> None:
     results = memformer.load_experiments()
     jobs, start_steps = [], {}
     for depth in depths:
         start_steps[depth], weights = start_weights(results, depth)
+        if continued:   # a second stage: each model from where the shipped run left it, on batches of its own
+            start_steps[depth] = start_steps[depth] + results["widened_heads"][depth]["steps"]
+            jobs += [(depth, name, continued_weights(results, depth, name), steps, learning_rate, 1)
+                     for name in starts]
+            continue
         jobs += [(depth, name, weights if name == "one" else widened(weights, HEADS, 60_000 + depth, name), steps,
-                  learning_rate) for name in starts]
+                  learning_rate, 0) for name in starts]
     jobs.sort(key=lambda job: -job[0] * (1 if job[1] == "one" else HEADS))      # the slowest first
-    trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps,
+    trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps, "continued": continued,
                "torch": str(torch.__version__), "runs": {}}
     begin = time.perf_counter()
     # one process: the jobs run here, one after another; more: spawned (a forked process would share torch's threads)
@@ -113,16 +138,23 @@ def _command(trained: dict) -> str:
     names = sorted({name for runs in trained["runs"].values() for name in runs}, key=STARTS.index)
     chosen = "" if tuple(names) == STARTS else " --starts " + " ".join(names)
     return (f"python research/widened_heads.py train FILE --steps {trained['steps']} --learning-rate "
-            f"{trained['learning_rate']:g} --depths {depths}{chosen}")
+            f"{trained['learning_rate']:g} --depths {depths}{chosen}" + (" --continued" if trained.get("continued")
+                                                                         else ""))
 
 
 def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
     """Score every model the ``train`` files in ``paths`` hold (each depth's runs may come from several files, trained
     with the same steps and rate) beside its start, on that start's million tasks, into ``results_path``."""
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"{path}: no such file; give the files that `train` wrote")
     files = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
+    if len({bool(trained.get("continued")) for trained in files}) > 1:
+        raise SystemExit("score either first-stage files or --continued ones, not both at once")
+    continued = bool(files[0].get("continued"))
     results = memformer.load_experiments(results_path)
     seeds = list(memformer.RECIPE["seeds"])
-    samplers = memformer._samplers(seeds)[:len(seeds)]
+    samplers = memformer.setting_samplers(seeds)[:len(seeds)]
     begin, out, by_depth = time.perf_counter(), {}, {}
     for trained in files:
         for depth, runs in trained["runs"].items():
@@ -137,22 +169,32 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
             raise SystemExit(f"depth {depth}: no file holds the 1-head model trained on (the paired reference)")
         _, start = start_weights(results, depth)
         names = sorted(runs, key=STARTS.index)
-        rows = {name: [] for name in ("start", *names, *(f"{name} - one" for name in names if name != "one"),
-                                      "one - start")}
+        earlier = {f"{name} (first stage)": continued_weights(results, depth, name) for name in names} \
+            if continued else {}
+        rows = {name: [] for name in ("start", *earlier, *names, *(f"{name} - one" for name in names if name != "one"),
+                                      "one - start", *(f"{name} - {name} (first stage)" for name in names
+                                                       if continued))}
         for position, seed in enumerate(seeds):
             models = {}
-            for name, weights in (("start", start), *((name, runs[name]["weights"]) for name in names)):
-                models[name] = memformer.build(FAMILY, depth, 1 if name in ("start", "one") else HEADS, "full")
+            for name, weights in (("start", start), *earlier.items(),
+                                  *((name, runs[name]["weights"]) for name in names)):
+                heads = 1 if name.split(" ")[0] in ("start", "one") else HEADS
+                models[name] = memformer.build(FAMILY, depth, heads, "full")
                 models[name].load_state_dict(memformer.unstack(weights, position))
             # the tasks that scored the start (memformer._scored's seed), so "start" is the shipped number
             losses, differences = paired_losses(models, samplers[position], "one", memformer.eval_count(depth),
                                                 seed=7_000 + 31 * seed + depth)
-            for name in ("start", *names):
+            for name in ("start", *earlier, *names):
                 rows[name].append((losses[name].mean, losses[name].stderr))
             for name in names:
                 if name != "one":
                     rows[f"{name} - one"].append((differences[name].mean, differences[name].stderr))
             rows["one - start"].append((-differences["start"].mean, differences["start"].stderr))
+            for name in names if continued else ():   # what this stage moved each model, paired again (same tasks)
+                _, change = paired_losses({key: models[key] for key in (f"{name} (first stage)", name)},
+                                          samplers[position], f"{name} (first stage)", memformer.eval_count(depth),
+                                          seed=7_000 + 31 * seed + depth)
+                rows[f"{name} - {name} (first stage)"].append((change[name].mean, change[name].stderr))
             print(f"depth {depth}, seed {seed}: " + ", ".join(f"{name} {values[-1][0]:.4g} ± {values[-1][1]:.2g}"
                                                                for name, values in rows.items()), flush=True)
         out[depth] = {"start_steps": group["start_steps"], "steps": group["steps"],
@@ -160,11 +202,12 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
                       **{name: torch.tensor(values, dtype=torch.float64) for name, values in rows.items()},
                       "curve": {name: runs[name]["curve"] for name in names},
                       "weights": {name: runs[name]["weights"] for name in names}}
-    results.setdefault("widened_heads", {}).update(out)      # a later call for other depths keeps these
+    key = "widened_heads_continued" if continued else "widened_heads"
+    results.setdefault(key, {}).update(out)      # a later call for other depths keeps these
     results["redone"] = results.get("redone", []) + [{
         "command": " && ".join(_command(trained).replace("FILE", path.name) for trained, path in zip(files, paths))
         + " && python research/widened_heads.py score " + " ".join(path.name for path in paths),
-        "parts": ["widened_heads"],
+        "parts": [key],
         "seconds": sum(trained["seconds"] for trained in files) + time.perf_counter() - begin,
         "where": "trained on a 2-core CPU, 2 processes side by side (" + ", ".join(
             f"{trained['seconds']:.0f} s" for trained in files) + f", torch {files[0]['torch']}); scored there "
@@ -182,6 +225,8 @@ if __name__ == "__main__":
     parser.add_argument("--depths", nargs="*", type=int, default=list(DEPTHS))
     parser.add_argument("--starts", nargs="*", default=list(STARTS), help=f"train: which of {STARTS} (default: all)")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--continued", action="store_true",
+                        help="train: a second stage, each model from where the shipped widened run left it")
     parser.add_argument("--results", default=str(memformer.PRETRAINED))
     arguments = parser.parse_args()
     if set(arguments.depths) - set(DEPTHS):
@@ -192,6 +237,6 @@ if __name__ == "__main__":
         if len(arguments.paths) != 1:
             parser.error("train writes one file")
         train(arguments.steps, arguments.learning_rate, pathlib.Path(arguments.paths[0]), arguments.processes,
-              arguments.depths, tuple(arguments.starts))
+              arguments.depths, tuple(arguments.starts), arguments.continued)
     else:
         score([pathlib.Path(path) for path in arguments.paths], pathlib.Path(arguments.results))

@@ -434,7 +434,7 @@ def test_full_attention_depths_train_stretched_where_the_part_says_and_a_resume_
     scored = torch.load(path, weights_only=True)["full_attention_lengths"][4]["quasi_newton"]["isotropic"][2]
     model = memformer.build("LFOM (tied gates)", 2, attention="full")
     model.load_state_dict(memformer.unstack(scored["weights"], 0))
-    sampler = memformer.stretched_tasks(memformer._samplers([0])[1])
+    sampler = memformer.stretched_tasks(memformer.setting_samplers([0])[1])
     mean, stderr = memformer.score(model, sampler, memformer.eval_count(2, tiny), seed=7_000 + 2)
     assert torch.equal(scored["mean"][0], mean) and torch.equal(scored["stderr"][0], stderr)
 
@@ -478,7 +478,8 @@ def test_the_gpu_script_trains_each_depth_as_the_experiment_does_and_scores_ever
     monkeypatch.setattr(script, "GROUPS", [group for group in script.GROUPS if group[2] <= 2])
     alone = script.train_group("heads", 5, 2, 4, "cpu")["runs"][5][2]
     seeds = list(tiny["seeds"])
-    together = memformer._trained("CGD-like + A_l", memformer._samplers(seeds)[:3], seeds, tiny, 1, "full", 5)[0][2]
+    rotated = memformer.setting_samplers(seeds)[:3]
+    together = memformer._trained("CGD-like + A_l", rotated, seeds, tiny, 1, "full", 5)[0][2]
     assert all(torch.equal(alone["weights"][key], value) for key, value in together["weights"].items())
     assert torch.equal(alone["curve"], together["curve"])
     # the packing of jobs onto processes: two equal jobs and their halves on two processes take 1.5 of one job
@@ -645,6 +646,28 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     assert sorted(widened) == [2, 3] and widened[3]["steps"] == 4 and widened[2]["steps"] == 2
     with pytest.raises(SystemExit, match="no file holds the 1-head model"):
         script.score([files[1]], results_path)
+    # a second stage trains each scored model on from where it ended, and scores it beside that end, paired
+    with pytest.raises(SystemExit, match="no widened run of 'split' to continue"):
+        script.train(2, 0.005, tmp_path / "none.pt", processes=1, depths=[2], starts=("split",), continued=True)
+    script.train(2, 0.005, tmp_path / "second.pt", processes=1, depths=[3], starts=("one", "five"), continued=True)
+    second = torch.load(tmp_path / "second.pt", weights_only=True)
+    assert second["start_steps"][3] == steps + 4
+    for name in ("one", "five"):   # the first curve point is the first stage's last: the same model, the same tasks
+        assert torch.allclose(second["runs"][3][name]["curve"][:, 0], widened[3]["curve"][name][:, -1], rtol=1e-12)
+    with pytest.raises(SystemExit, match="not both at once"):
+        script.score([files[0], tmp_path / "second.pt"], results_path)
+    with pytest.raises(SystemExit, match="missing.pt: no such file"):
+        script.score([tmp_path / "missing.pt"], results_path)
+    script.score([tmp_path / "second.pt"], results_path)
+    scored = torch.load(results_path, weights_only=True)
+    continued, first = scored["widened_heads_continued"][3], scored["widened_heads"][3]
+    for name in ("one", "five"):   # the first stage's ends, scored again on the same tasks, read as before
+        assert torch.allclose(continued[f"{name} (first stage)"], first[name], rtol=1e-12)
+        assert torch.allclose(continued[f"{name} - {name} (first stage)"][:, 0],
+                              continued[name][:, 0] - continued[f"{name} (first stage)"][:, 0], rtol=1e-8)
+    assert torch.allclose(continued["five - one"][:, 0], continued["five"][:, 0] - continued["one"][:, 0], rtol=1e-8)
+    assert scored["redone"][-1]["command"].startswith("python research/widened_heads.py train second.pt --steps 2 "
+                                                      "--learning-rate 0.005 --depths 3 --starts one five --continued")
 
 
 @pytest.mark.parametrize("how", ["new", "split"])
