@@ -28,17 +28,18 @@ recipe's: the start is already trained) on a stream of batches that training nev
 (the shipped results, made so on a 2-core CPU, 2 processes side by side, the calls partly overlapping; all three
 starts of a depth train on the same batches, so files made apart are still paired.)
 
-``--continued`` trains a second stage: each model of the shipped run (``results["widened_heads"][depth]["weights"]``)
-on from where it ended, on another stream of batches, with a warm-up and cosine decay of its own.  Where the first
-stage has converged the control stays put; where it still fell, this says whether it goes on falling:
+``--continued`` trains a next stage: each model of the last shipped stage (``results["widened_heads"][depth]``, then
+``results["widened_heads_continued"][depth]``) on from where it ended, on another stream of batches, with a warm-up
+and cosine decay of its own.  Where a stage has converged the control stays put; where it still fell, this says
+whether it goes on falling:
 
     python research/widened_heads.py train widened_heads_4_continued.pt --steps 24000 --learning-rate 0.005 \
         --depths 4 --starts one five --continued                                 # (time below, once run)
     python research/widened_heads.py score widened_heads_4_continued.pt
 
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a second stage,
-``results["widened_heads_continued"][depth]``, which also holds each first-stage end, ``"NAME (first stage)"``,
-scored again on the same tasks, and what the stage moved it, ``"NAME - NAME (first stage)"``, paired):
+``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,
+``"NAME (before)"``, scored again on the same tasks, and what the stage moved them, ``"NAME - NAME (before)"``, paired):
 ``"start_steps"``, ``"steps"``, ``"learning_rate"``, the ``"start"`` loss and each trained model's per seed (mean,
 stderr), the paired ``"five - one"``, ``"split - one"`` and ``"one - start"`` differences per seed (mean, stderr), each
 model's ``"curve"`` and ``"weights"``.
@@ -94,13 +95,23 @@ def train_job(job) -> tuple:
     return depth, name, {"weights": weights, "curve": curve, "seconds": time.perf_counter() - begin}
 
 
-def continued_weights(results: dict, depth: int, name: str) -> dict:
-    """The models the shipped widened run trained (``results["widened_heads"][depth]``), to train on further."""
-    shipped = results.get("widened_heads", {}).get(depth, {}).get("weights", {})
-    if name not in shipped:
-        raise SystemExit(f"depth {depth}: the shipped results hold no widened run of {name!r} to continue "
-                         f"(they hold {sorted(shipped) or 'none'}); train and score that first")
-    return {key: value.clone() for key, value in shipped[name].items()}
+def shipped_stages(results: dict, depth: int) -> dict:
+    """The shipped widened runs of ``depth``, first stage and later ones, by the 1-head model's steps at their end."""
+    first = results.get("widened_heads", {}).get(depth)
+    if first is None:
+        raise SystemExit(f"depth {depth}: the shipped results hold no widened run to continue; train and score one")
+    stages = {first["start_steps"] + first["steps"]: first}
+    for start, stage in results.get("widened_heads_continued", {}).get(depth, {}).items():
+        stages[start + stage["steps"]] = stage
+    return stages
+
+
+def stage_weights(stage: dict, depth: int, name: str) -> dict:
+    """The ``name`` models a shipped stage ended with, to train on further or to score beside the next stage."""
+    if name not in stage["weights"]:
+        raise SystemExit(f"depth {depth}: the shipped stage holds no {name!r} models to continue (it holds "
+                         f"{sorted(stage['weights'])}); train and score that first")
+    return {key: value.clone() for key, value in stage["weights"][name].items()}
 
 
 def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, depths, starts=STARTS,
@@ -109,9 +120,10 @@ def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, d
     jobs, start_steps = [], {}
     for depth in depths:
         start_steps[depth], weights = start_weights(results, depth)
-        if continued:   # a second stage: each model from where the shipped run left it, on batches of its own
-            start_steps[depth] = start_steps[depth] + results["widened_heads"][depth]["steps"]
-            jobs += [(depth, name, continued_weights(results, depth, name), steps, learning_rate, 1)
+        if continued:   # a next stage: each model from where the last shipped stage left it, on batches of its own
+            stages = shipped_stages(results, depth)
+            start_steps[depth] = max(stages)
+            jobs += [(depth, name, stage_weights(stages[max(stages)], depth, name), steps, learning_rate, len(stages))
                      for name in starts]
             continue
         jobs += [(depth, name, weights if name == "one" else widened(weights, HEADS, 60_000 + depth, name), steps,
@@ -169,11 +181,15 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
             raise SystemExit(f"depth {depth}: no file holds the 1-head model trained on (the paired reference)")
         _, start = start_weights(results, depth)
         names = sorted(runs, key=STARTS.index)
-        earlier = {f"{name} (first stage)": continued_weights(results, depth, name) for name in names} \
-            if continued else {}
+        earlier = {}
+        if continued:   # the models this stage started from: the shipped stage that ended at its start
+            stages = shipped_stages(results, depth)
+            if group["start_steps"] not in stages:
+                raise SystemExit(f"depth {depth}: the file goes on from {group['start_steps']:,} steps, where no "
+                                 f"shipped stage ends ({', '.join(f'{end:,}' for end in sorted(stages))})")
+            earlier = {f"{name} (before)": stage_weights(stages[group["start_steps"]], depth, name) for name in names}
         rows = {name: [] for name in ("start", *earlier, *names, *(f"{name} - one" for name in names if name != "one"),
-                                      "one - start", *(f"{name} - {name} (first stage)" for name in names
-                                                       if continued))}
+                                      "one - start", *(f"{name} - {name} (before)" for name in names if continued))}
         for position, seed in enumerate(seeds):
             models = {}
             for name, weights in (("start", start), *earlier.items(),
@@ -191,10 +207,10 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
                     rows[f"{name} - one"].append((differences[name].mean, differences[name].stderr))
             rows["one - start"].append((-differences["start"].mean, differences["start"].stderr))
             for name in names if continued else ():   # what this stage moved each model, paired again (same tasks)
-                _, change = paired_losses({key: models[key] for key in (f"{name} (first stage)", name)},
-                                          samplers[position], f"{name} (first stage)", memformer.eval_count(depth),
+                _, change = paired_losses({key: models[key] for key in (f"{name} (before)", name)},
+                                          samplers[position], f"{name} (before)", memformer.eval_count(depth),
                                           seed=7_000 + 31 * seed + depth)
-                rows[f"{name} - {name} (first stage)"].append((change[name].mean, change[name].stderr))
+                rows[f"{name} - {name} (before)"].append((change[name].mean, change[name].stderr))
             print(f"depth {depth}, seed {seed}: " + ", ".join(f"{name} {values[-1][0]:.4g} ± {values[-1][1]:.2g}"
                                                                for name, values in rows.items()), flush=True)
         out[depth] = {"start_steps": group["start_steps"], "steps": group["steps"],
@@ -203,7 +219,11 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
                       "curve": {name: runs[name]["curve"] for name in names},
                       "weights": {name: runs[name]["weights"] for name in names}}
     key = "widened_heads_continued" if continued else "widened_heads"
-    results.setdefault(key, {}).update(out)      # a later call for other depths keeps these
+    if continued:   # each depth's later stages, by the 1-head model's steps at their start
+        for depth, stage in out.items():
+            results.setdefault(key, {}).setdefault(depth, {})[stage["start_steps"]] = stage
+    else:
+        results.setdefault(key, {}).update(out)      # a later call for other depths keeps these
     results["redone"] = results.get("redone", []) + [{
         "command": " && ".join(_command(trained).replace("FILE", path.name) for trained, path in zip(files, paths))
         + " && python research/widened_heads.py score " + " ".join(path.name for path in paths),

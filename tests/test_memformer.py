@@ -647,7 +647,7 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     with pytest.raises(SystemExit, match="no file holds the 1-head model"):
         script.score([files[1]], results_path)
     # a second stage trains each scored model on from where it ended, and scores it beside that end, paired
-    with pytest.raises(SystemExit, match="no widened run of 'split' to continue"):
+    with pytest.raises(SystemExit, match="holds no 'split' models to continue"):
         script.train(2, 0.005, tmp_path / "none.pt", processes=1, depths=[2], starts=("split",), continued=True)
     script.train(2, 0.005, tmp_path / "second.pt", processes=1, depths=[3], starts=("one", "five"), continued=True)
     second = torch.load(tmp_path / "second.pt", weights_only=True)
@@ -660,14 +660,24 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
         script.score([tmp_path / "missing.pt"], results_path)
     script.score([tmp_path / "second.pt"], results_path)
     scored = torch.load(results_path, weights_only=True)
-    continued, first = scored["widened_heads_continued"][3], scored["widened_heads"][3]
+    continued, first = scored["widened_heads_continued"][3][steps + 4], scored["widened_heads"][3]
     for name in ("one", "five"):   # the first stage's ends, scored again on the same tasks, read as before
-        assert torch.allclose(continued[f"{name} (first stage)"], first[name], rtol=1e-12)
-        assert torch.allclose(continued[f"{name} - {name} (first stage)"][:, 0],
-                              continued[name][:, 0] - continued[f"{name} (first stage)"][:, 0], rtol=1e-8)
+        assert torch.allclose(continued[f"{name} (before)"], first[name], rtol=1e-12)
+        assert torch.allclose(continued[f"{name} - {name} (before)"][:, 0],
+                              continued[name][:, 0] - continued[f"{name} (before)"][:, 0], rtol=1e-8)
     assert torch.allclose(continued["five - one"][:, 0], continued["five"][:, 0] - continued["one"][:, 0], rtol=1e-8)
     assert scored["redone"][-1]["command"].startswith("python research/widened_heads.py train second.pt --steps 2 "
                                                       "--learning-rate 0.005 --depths 3 --starts one five --continued")
+    # a third stage goes on from the second's end, on batches of its own, and is kept beside it
+    script.train(2, 0.005, tmp_path / "third.pt", processes=1, depths=[3], starts=("one",), continued=True)
+    third = torch.load(tmp_path / "third.pt", weights_only=True)
+    assert third["start_steps"][3] == steps + 6
+    assert torch.allclose(third["runs"][3]["one"]["curve"][:, 0], second["runs"][3]["one"]["curve"][:, -1], rtol=1e-12)
+    assert not torch.equal(third["runs"][3]["one"]["weights"]["P"], second["runs"][3]["one"]["weights"]["P"])
+    script.score([tmp_path / "third.pt"], results_path)
+    stages = torch.load(results_path, weights_only=True)["widened_heads_continued"][3]
+    assert sorted(stages) == [steps + 4, steps + 6]
+    assert torch.allclose(stages[steps + 6]["one (before)"], stages[steps + 4]["one"], rtol=1e-12)
 
 
 @pytest.mark.parametrize("how", ["new", "split"])
