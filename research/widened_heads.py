@@ -34,8 +34,13 @@ and cosine decay of its own.  Where a stage has converged the control stays put;
 whether it goes on falling:
 
     python research/widened_heads.py train widened_heads_4_continued.pt --steps 24000 --learning-rate 0.005 \
-        --depths 4 --starts one five --continued                                 # (time below, once run)
-    python research/widened_heads.py score widened_heads_4_continued.pt
+        --depths 4 --starts one five --continued                                 # 1 037 s
+    python research/widened_heads.py score widened_heads_4_continued.pt          # 218 s
+    python research/widened_heads.py train widened_heads_4_third.pt --steps 24000 --learning-rate 0.005 \
+        --depths 4 --starts one five --continued                                 # 1 004 s
+    python research/widened_heads.py score widened_heads_4_third.pt              # 235 s
+
+(the shipped later stages at 4 layers, one after the other, the CPU otherwise idle.)
 
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a second stage,
 ``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,
