@@ -42,7 +42,7 @@ whether it goes on falling:
 
 (the shipped later stages at 4 layers, one after the other, the CPU otherwise idle.)
 
-``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a second stage,
+``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a later stage,
 ``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,
 ``"NAME (before)"``, scored again on the same tasks, and what the stage moved them, ``"NAME - NAME (before)"``, paired):
 ``"start_steps"``, ``"steps"``, ``"learning_rate"``, the ``"start"`` loss and each trained model's per seed (mean,
@@ -177,8 +177,10 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
         for depth, runs in trained["runs"].items():
             first = by_depth.setdefault(depth, {"steps": trained["steps"], "learning_rate": trained["learning_rate"],
                                                 "start_steps": trained["start_steps"][depth], "runs": {}})
-            if (first["steps"], first["learning_rate"]) != (trained["steps"], trained["learning_rate"]):
-                raise SystemExit(f"depth {depth}: the files were trained with different steps or rates")
+            if (first["steps"], first["learning_rate"], first["start_steps"]) != \
+                    (trained["steps"], trained["learning_rate"], trained["start_steps"][depth]):
+                raise SystemExit(f"depth {depth}: the files were trained with different steps or rates, or from "
+                                 f"different stages; score each stage on its own")
             first["runs"].update(runs)
     for depth, group in sorted(by_depth.items()):
         runs = group["runs"]
@@ -193,6 +195,11 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
                 raise SystemExit(f"depth {depth}: the file goes on from {group['start_steps']:,} steps, where no "
                                  f"shipped stage ends ({', '.join(f'{end:,}' for end in sorted(stages))})")
             earlier = {f"{name} (before)": stage_weights(stages[group["start_steps"]], depth, name) for name in names}
+            for name in names:   # the file must have started from these very models: its first curve point is theirs
+                if not torch.allclose(runs[name]["curve"][:, 0], stages[group["start_steps"]]["curve"][name][:, -1],
+                                      rtol=1e-9):
+                    raise SystemExit(f"depth {depth}: the {name!r} models of the file did not start from the shipped "
+                                     f"stage that ends at {group['start_steps']:,} steps; train the stage again")
         rows = {name: [] for name in ("start", *earlier, *names, *(f"{name} - one" for name in names if name != "one"),
                                       "one - start", *(f"{name} - {name} (before)" for name in names if continued))}
         for position, seed in enumerate(seeds):
@@ -251,7 +258,7 @@ if __name__ == "__main__":
     parser.add_argument("--starts", nargs="*", default=list(STARTS), help=f"train: which of {STARTS} (default: all)")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--continued", action="store_true",
-                        help="train: a second stage, each model from where the shipped widened run left it")
+                        help="train: a later stage, each model from where the last shipped stage left it")
     parser.add_argument("--results", default=str(memformer.PRETRAINED))
     arguments = parser.parse_args()
     if set(arguments.depths) - set(DEPTHS):

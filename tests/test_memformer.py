@@ -674,6 +674,8 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     assert third["start_steps"][3] == steps + 6
     assert torch.allclose(third["runs"][3]["one"]["curve"][:, 0], second["runs"][3]["one"]["curve"][:, -1], rtol=1e-12)
     assert not torch.equal(third["runs"][3]["one"]["weights"]["P"], second["runs"][3]["one"]["weights"]["P"])
+    with pytest.raises(SystemExit, match="from different stages; score each stage on its own"):
+        script.score([tmp_path / "second.pt", tmp_path / "third.pt"], results_path)
     script.score([tmp_path / "third.pt"], results_path)
     stages = torch.load(results_path, weights_only=True)["widened_heads_continued"][3]
     assert sorted(stages) == [steps + 4, steps + 6]
