@@ -40,7 +40,9 @@ whether it goes on falling:
         --depths 4 --starts one five --continued                                 # 1 004 s
     python research/widened_heads.py score widened_heads_4_third.pt              # 235 s
 
-(the shipped later stages at 4 layers, one after the other, the CPU otherwise idle.)
+and three times more the same way, into ``widened_heads_4_fourth.pt``, ``_fifth.pt`` and ``_sixth.pt`` (957, 993 and
+1 050 s to train, 217, 242 and 251 s to score): the shipped later stages at 4 layers, one after the other, the CPU
+otherwise idle, 192 000 steps of the 1-head model in all.
 
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a later stage,
 ``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,

@@ -239,19 +239,28 @@ def test_heads_at_equal_training(results):
 
 
 def test_heads_at_four_layers_stage_after_stage(results):
-    """Section 10, the later stages at 4 layers: one head and 5 heads trained 24 000 more steps twice, each stage from
-    the last one's end, scored paired on the same million tasks per seed.  Pins of the shipped run: one head still
-    falls by 15-29%, then 6-18%, and 5 heads end level with it in two seeds and 19% above it in the third."""
+    """Section 10, the later stages at 4 layers: one head and 5 heads trained 24 000 more steps five times, each stage
+    from the last one's end, scored paired on the same million tasks per seed.  Pins of the shipped run: one head falls
+    by 15-29%, 6-18%, up to 9%, +3% to -12%, then 3.3-3.7%, and after 192 000 steps 5 heads are 2-10% above it."""
     stages = results["widened_heads_continued"][4]
-    assert sorted(stages) == [72_000, 96_000]
+    assert sorted(stages) == [72_000, 96_000, 120_000, 144_000, 168_000]
     assert all(stage["steps"] == 24_000 and stage["learning_rate"] == 0.005 for stage in stages.values())
     # each stage starts where the one before ended: the same models, scored on the same tasks, read the same
     torch.testing.assert_close(stages[72_000]["one (before)"], results["widened_heads"][4]["one"], rtol=1e-12, atol=0)
-    torch.testing.assert_close(stages[96_000]["five (before)"], stages[72_000]["five"], rtol=1e-12, atol=0)
+    for begin in (96_000, 120_000, 144_000, 168_000):
+        for name in ("one", "five"):
+            torch.testing.assert_close(stages[begin][f"{name} (before)"], stages[begin - 24_000][name], rtol=1e-12,
+                                       atol=0)
+            # and its curve goes on from the last point of the stage before
+            torch.testing.assert_close(stages[begin]["curve"][name][:, 0], stages[begin - 24_000]["curve"][name][:, -1],
+                                       rtol=1e-9, atol=0)
     torch.testing.assert_close(stages[96_000]["one"][:, 0], torch.tensor([7.449e-7, 8.340e-7, 9.000e-7],
                                                                           dtype=torch.float64), rtol=2e-3, atol=0)
-    for begin, low, high in ((72_000, -0.30, -0.14), (96_000, -0.18, -0.05)):
+    torch.testing.assert_close(stages[168_000]["one"][:, 0], torch.tensor([7.33e-7, 6.89e-7, 7.56e-7],
+                                                                           dtype=torch.float64), rtol=5e-3, atol=0)
+    for begin, low, high in ((72_000, -0.30, -0.14), (96_000, -0.18, -0.05), (120_000, -0.095, 0.0),
+                             (144_000, -0.13, 0.035), (168_000, -0.038, -0.032)):
         fall = stages[begin]["one - one (before)"][:, 0] / stages[begin]["one (before)"][:, 0]
         assert (low < fall).all() and (fall < high).all()
-    gap = stages[96_000]["five - one"]
-    assert ((gap[:, 0] / gap[:, 1]).abs() < 1.1).sum() == 2 and gap[:, 0].max() > 0.15 * stages[96_000]["one"][2, 0]
+    gap = stages[168_000]["five - one"][:, 0] / stages[168_000]["one"][:, 0]
+    assert (0.02 < gap).all() and (gap < 0.1).all()
