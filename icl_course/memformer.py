@@ -70,7 +70,8 @@ from .runtime import available_device, check_count, make_generator, resolve_devi
 __all__ = ["ATTENTIONS", "MEMORIES", "MODELS", "SETTINGS", "BASELINES", "Memformer", "cg_coefficients",
            "momentum_coefficients", "covariance", "paper_tasks", "one_layer_optimum", "build", "train_models",
            "tuned_baselines", "small_batch_experiment", "run_experiments", "load_experiments", "load_model",
-           "final_losses", "loss_band", "training_lengths"]
+           "final_losses", "loss_band", "training_lengths", "setting_samplers", "widen_heads", "train_groups",
+           "score_groups"]
 
 ATTENTIONS = ("identity", "gd", "full")
 MEMORIES = ("none", "cgd", "lfom")
@@ -942,14 +943,18 @@ def _trained_and_scored(family: str, samplers, seeds, r: dict, settings: int = l
     """Train ``family`` at every depth of ``r`` on ``samplers`` (``settings`` groups of one per seed, all at
     once) and score each model per layer on fresh tasks.  Returns, per group, ``{depth: {"weights" (seeds
     first), "curve" (seeds, checkpoints), "mean", "stderr" (seeds, depth)}}``."""
-    groups = _trained(family, samplers, seeds, r, settings, attention, num_heads, device)
-    return _scored(groups, family, samplers, seeds, r, attention, num_heads)
+    groups = train_groups(family, samplers, seeds, r, settings, attention, num_heads, device)
+    return score_groups(groups, family, samplers, seeds, r, attention, num_heads)
 
 
-def _trained(family: str, samplers, seeds, r: dict, settings: int = len(SETTINGS), attention: Optional[str] = None,
-             num_heads: int = 1, device="cpu") -> list[dict]:
-    """The training half of :func:`_trained_and_scored`: per group ``{depth: {"weights", "curve", "stretched",
-    "num_steps"}}`` (the recipe's stretched depths train apart, on their own stream of stretched batches)."""
+def train_groups(family: str, samplers, seeds, r: dict, settings: int = len(SETTINGS),
+                 attention: Optional[str] = None, num_heads: int = 1, device="cpu") -> list[dict]:
+    """Train ``family`` at every depth of the recipe ``r`` on ``samplers`` (``settings * len(seeds)`` of them,
+    stacked as :func:`setting_samplers` stacks them), all models at once with :func:`train_models`.
+
+    Returns one dict per group of ``len(seeds)`` samplers, ``{depth: {"weights" (a state dict, seeds first),
+    "curve" (seeds, checkpoints), "stretched", "num_steps"}}``: the training half of what :func:`run_experiments`
+    ships (the recipe's stretched depths train apart, on their own stream of stretched batches)."""
     trained = {}
     for kind in (False, True):   # the plain depths, then those trained on stretched tasks (the same stream each)
         depths = [depth for depth in r["depths"] if stretched(depth, r) == kind]
@@ -967,10 +972,11 @@ def _trained(family: str, samplers, seeds, r: dict, settings: int = len(SETTINGS
     return groups
 
 
-def _scored(groups: list[dict], family: str, samplers, seeds, r: dict, attention: Optional[str] = None,
-            num_heads: int = 1) -> list[dict]:
-    """The scoring half of :func:`_trained_and_scored`: adds each run's per-layer ``"mean"`` and ``"stderr"``
-    (seeds, depth) on fresh tasks, on the CPU in float64; group ``index`` holds the models of samplers
+def score_groups(groups: list[dict], family: str, samplers, seeds, r: dict, attention: Optional[str] = None,
+                 num_heads: int = 1) -> list[dict]:
+    """The scoring half of what :func:`run_experiments` ships, for :func:`train_groups`'s output: adds each run's
+    per-layer ``"mean"`` and ``"stderr"`` (seeds, depth) on :func:`eval_count` fresh tasks (the seed
+    ``7 000 + 31 * seed + depth``), on the CPU in float64; group ``index`` holds the models of samplers
     ``index * len(seeds) ...``."""
     for index, group in enumerate(groups):
         for depth, run in group.items():

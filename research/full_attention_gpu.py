@@ -79,10 +79,10 @@ def train_group(part: str, key, depth: int, steps: int, device: str) -> dict:
     recipe = memformer.full_attention_recipe(part, steps, dict(memformer.RECIPE, depths=(depth,)))
     start = time.perf_counter()
     if part == "heads":
-        groups = memformer._trained(family, samplers[:len(seeds)], seeds, recipe, 1, "full", key, device)
+        groups = memformer.train_groups(family, samplers[:len(seeds)], seeds, recipe, 1, "full", key, device)
         runs = {key: groups[0]}
     else:
-        groups = memformer._trained(family, samplers, seeds, recipe, len(keys), "full", 1, device)
+        groups = memformer.train_groups(family, samplers, seeds, recipe, len(keys), "full", 1, device)
         runs = dict(zip(keys, groups))
     return {"runs": runs, "seconds": time.perf_counter() - start}
 
@@ -221,8 +221,8 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
                     index = 0 if part == "heads" else keys.index(key)
                     recipe = dict(memformer.RECIPE, stretched_depths=tuple(   # as each depth was trained
                         depth for depth, run in group.items() if run.get("stretched", False)))
-                    memformer._scored([{}] * index + [group], family, samplers, seeds, recipe, "full",
-                                      key if part == "heads" else 1)
+                    memformer.score_groups([{}] * index + [group], family, samplers, seeds, recipe, "full",
+                                           key if part == "heads" else 1)
                     print(f"{part} {key}, {length} steps, depths {list(group)}: "
                           f"{[round(group[d]['mean'][:, -1].mean().item(), 6) for d in group]}", flush=True)
                     scored.setdefault(length, {}).setdefault(part, {}).setdefault(key, {}).update(group)

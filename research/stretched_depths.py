@@ -55,7 +55,7 @@ def train_and_score(family: str, setting: str, steps: int, stretched: bool, task
     seeds, samplers = _samplers(setting)
     r = dict(recipe or memformer.RECIPE, depths=tuple(depths), num_steps=steps, stretched_num_steps=steps,
              stretched_depths=tuple(depths) if stretched else ())
-    groups = memformer._trained(family, samplers, seeds, r, 1, attention)
+    groups = memformer.train_groups(family, samplers, seeds, r, 1, attention)
     out = {}
     for depth, run in groups[0].items():
         out[depth] = []

@@ -211,7 +211,7 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
                 heads = 1 if name.split(" ")[0] in ("start", "one") else HEADS
                 models[name] = memformer.build(FAMILY, depth, heads, "full")
                 models[name].load_state_dict(memformer.unstack(weights, position))
-            # the tasks that scored the start (memformer._scored's seed), so "start" is the shipped number
+            # the tasks that scored the start (memformer.score_groups's seed), so "start" is the shipped number
             losses, differences = paired_losses(models, samplers[position], "one", memformer.eval_count(depth),
                                                 seed=7_000 + 31 * seed + depth)
             for name in ("start", *earlier, *names):

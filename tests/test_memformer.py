@@ -479,7 +479,7 @@ def test_the_gpu_script_trains_each_depth_as_the_experiment_does_and_scores_ever
     alone = script.train_group("heads", 5, 2, 4, "cpu")["runs"][5][2]
     seeds = list(tiny["seeds"])
     rotated = memformer.setting_samplers(seeds)[:3]
-    together = memformer._trained("CGD-like + A_l", rotated, seeds, tiny, 1, "full", 5)[0][2]
+    together = memformer.train_groups("CGD-like + A_l", rotated, seeds, tiny, 1, "full", 5)[0][2]
     assert all(torch.equal(alone["weights"][key], value) for key, value in together["weights"].items())
     assert torch.equal(alone["curve"], together["curve"])
     # the packing of jobs onto processes: two equal jobs and their halves on two processes take 1.5 of one job
