@@ -240,29 +240,42 @@ def paired_adjusted_losses(predictors: dict, sampler: RegressionTasks, reference
 
 
 def paired_losses(predictors: dict, sampler: RegressionTasks, reference: str | None, num_tasks: int | None = None,
-                  chunk_size: int = 50_000, seed=None, adjusted: bool = False) -> tuple[dict, dict]:
+                  chunk_size: int = 50_000, seed=None, adjusted: bool = False, pairs=()) -> tuple[dict, dict]:
     """The losses of several predictors on the very same tasks, and each one's paired difference from
     ``reference``: ``(name -> Estimate, name -> Estimate of loss(name) - loss(reference))``, as
     :func:`paired_adjusted_losses` (``adjusted=True``: each loss minus the oracle ridge's) but for plain losses,
-    e.g. noiseless tasks, where the oracle is exact."""
+    e.g. noiseless tasks, where the oracle is exact.
+
+    ``pairs``: further ``(name, base)`` differences, on the same tasks in the same pass, in the second dict under
+    ``f"{name} - {base}"`` (e.g. what a stage of training moved a model, beside the gap to ``reference``)."""
     names = list(predictors)
     if reference is not None and reference not in predictors:
         raise ValueError(f"reference {reference!r} is not one of the predictors ({', '.join(names)})")
-    others = [index for index, name in enumerate(names) if name != reference]
+    pairs = [tuple(pair) for pair in pairs]
+    for pair in pairs:
+        if len(pair) != 2 or any(name not in predictors for name in pair):
+            raise ValueError(f"each of pairs is (name, base), both among the predictors ({', '.join(names)}); "
+                             f"got {pair!r}")
+    others = [index for index, name in enumerate(names) if name != reference] if reference is not None else []
+    columns = ([(index, names.index(reference)) for index in others]
+               + [(names.index(name), names.index(base)) for name, base in pairs])
 
     def per_task(batch):
         losses = torch.stack([query_averaged_loss(_weights_of(predictors[name], batch), batch) for name in names],
                              dim=-1)
         if adjusted:
             losses = losses - query_averaged_loss(oracle_ridge(batch), batch).unsqueeze(-1)
-        if reference is None:
+        if not columns:
             return losses
         # an oracle cancels in a difference
-        return torch.cat([losses, losses[:, others] - losses[:, [names.index(reference)]]], dim=-1)
+        first, second = zip(*columns)
+        return torch.cat([losses, losses[:, list(first)] - losses[:, list(second)]], dim=-1)
     num_tasks = _count(num_tasks, *predictors.values())
     estimates = _monte_carlo(per_task, sampler, num_tasks, chunk_size, seed)
-    return (dict(zip(names, estimates[:len(names)])),
-            {names[index]: estimate for index, estimate in zip(others, estimates[len(names):])})
+    differences = {names[index]: estimate for index, estimate in zip(others, estimates[len(names):])}
+    differences.update({f"{name} - {base}": estimate
+                        for (name, base), estimate in zip(pairs, estimates[len(names) + len(others):])})
+    return dict(zip(names, estimates[:len(names)])), differences
 
 
 def per_layer_loss(model, sampler: RegressionTasks, num_tasks: int | None = None,

@@ -212,19 +212,19 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
                 models[name] = memformer.build(FAMILY, depth, heads, "full")
                 models[name].load_state_dict(memformer.unstack(weights, position))
             # the tasks that scored the start (memformer.score_groups's seed), so "start" is the shipped number
+            # in the same pass, what this stage moved each model (a later stage): "NAME - NAME (before)"
+            stage_pairs = [(name, f"{name} (before)") for name in names] if continued else []
             losses, differences = paired_losses(models, samplers[position], "one", memformer.eval_count(depth),
-                                                seed=7_000 + 31 * seed + depth)
+                                                seed=7_000 + 31 * seed + depth, pairs=stage_pairs)
             for name in ("start", *earlier, *names):
                 rows[name].append((losses[name].mean, losses[name].stderr))
             for name in names:
                 if name != "one":
                     rows[f"{name} - one"].append((differences[name].mean, differences[name].stderr))
             rows["one - start"].append((-differences["start"].mean, differences["start"].stderr))
-            for name in names if continued else ():   # what this stage moved each model, paired again (same tasks)
-                _, change = paired_losses({key: models[key] for key in (f"{name} (before)", name)},
-                                          samplers[position], f"{name} (before)", memformer.eval_count(depth),
-                                          seed=7_000 + 31 * seed + depth)
-                rows[f"{name} - {name} (before)"].append((change[name].mean, change[name].stderr))
+            for name, before in stage_pairs:
+                change = differences[f"{name} - {before}"]
+                rows[f"{name} - {before}"].append((change.mean, change.stderr))
             print(f"depth {depth}, seed {seed}: " + ", ".join(f"{name} {values[-1][0]:.4g} ± {values[-1][1]:.2g}"
                                                                for name, values in rows.items()), flush=True)
         out[depth] = {"start_steps": group["start_steps"], "steps": group["steps"],

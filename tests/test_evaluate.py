@@ -234,3 +234,13 @@ def test_paired_losses_are_plain_losses_and_their_paired_differences():
     assert all(adjusted[name].mean < losses[name].mean for name in predictors)     # the oracle's loss taken off
     with pytest.raises(ValueError, match="reference 'other' is not one of the predictors"):
         paired_losses(predictors, sampler, "other", num_tasks=10)
+    # further pairs come from the same pass: the same numbers as a call with that pair's base as the reference
+    _, with_pairs = paired_losses(predictors, sampler, None, num_tasks=3000, chunk_size=1000, seed=5,
+                                  pairs=[("model", "nudged")])
+    _, alone = paired_losses(predictors, sampler, "nudged", num_tasks=3000, chunk_size=1000, seed=5)
+    assert set(with_pairs) == {"model - nudged"}
+    assert with_pairs["model - nudged"].mean == pytest.approx(alone["model"].mean, rel=1e-12)
+    assert with_pairs["model - nudged"].stderr == pytest.approx(alone["model"].stderr, rel=1e-9)
+    assert with_pairs["model - nudged"].mean == pytest.approx(-differences["nudged"].mean, rel=1e-9)
+    with pytest.raises(ValueError, match=r"each of pairs is \(name, base\)"):
+        paired_losses(predictors, sampler, "model", num_tasks=10, pairs=[("model", "other")])
