@@ -65,7 +65,8 @@ def trimmed_count(num_tasks: int) -> int:
 @dataclass(frozen=True)
 class Estimate:
     """A Monte-Carlo mean with its standard error over ``num_tasks`` independent tasks, and (where it was
-    computed) ``trimmed_mean``, the mean without the worst 0.01% of the tasks (:func:`trimmed_count`).
+    computed) ``trimmed_mean``, the mean without the worst 0.01% of the tasks (:func:`trimmed_count`), with
+    ``trimmed_stderr``, the standard error of the tasks it keeps (as if the cut were fixed in advance).
 
     Under a heavy tail a few tasks in a million carry the mean, and the standard error, computed from the
     same tasks, does not show it; the trimmed mean does: it moves far from the mean."""
@@ -74,6 +75,7 @@ class Estimate:
     stderr: float
     num_tasks: int
     trimmed_mean: Optional[float] = None
+    trimmed_stderr: Optional[float] = None
 
     @classmethod
     def from_samples(cls, values) -> "Estimate":
@@ -83,8 +85,9 @@ class Estimate:
         mean, stderr = mean_and_stderr(values)
         kept = values.numel() - trimmed_count(values.numel())
         # summed directly, not as the total minus the worst: one task of 1e22 would cancel all the others
-        trimmed = values.sort().values[:kept].sum() / kept
-        return cls(float(mean), float(stderr), values.numel(), float(trimmed))
+        best = values.sort().values[:kept]
+        trimmed, trimmed_stderr = mean_and_stderr(best) if kept > 1 else (best.sum(), torch.tensor(math.nan))
+        return cls(float(mean), float(stderr), values.numel(), float(trimmed), float(trimmed_stderr))
 
     def heavy_tailed(self, relative_stderr: float = 0.02, trimmed_gap: float = 0.05) -> bool:
         """Whether the estimate shows a heavy tail: a standard error above ``relative_stderr`` of the mean,
@@ -163,7 +166,7 @@ def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: Regress
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 2:
         raise ValueError(f"num_tasks must be at least 2 to have a standard error, got {num_tasks}")
     generator = make_generator(EVALUATION_SEED if seed is None else seed)
-    total = total_squares = worst = rest = None
+    total = total_squares = worst = rest = rest_squares = None
     kept = trimmed_count(num_tasks)
     done = 0
     with torch.no_grad():
@@ -181,14 +184,19 @@ def _monte_carlo(per_task: Callable[[TaskBatch], torch.Tensor], sampler: Regress
             ordered = pool.sort(dim=0, descending=True).values
             # what leaves the running top-k is summed as it leaves: the trimmed mean is then a sum of the
             # kept values, not the total minus the worst, which one task of 1e22 would cancel to nothing
-            worst, evicted = ordered[:kept], ordered[kept:].sum(0)
+            worst, evicted, evicted_squares = ordered[:kept], ordered[kept:].sum(0), (ordered[kept:] ** 2).sum(0)
             rest = evicted if rest is None else rest + evicted
+            rest_squares = evicted_squares if rest_squares is None else rest_squares + evicted_squares
             done += size
     mean = total / num_tasks
     variance = (total_squares / num_tasks - mean**2).clamp(min=0) * num_tasks / (num_tasks - 1)
-    trimmed = rest / (num_tasks - kept)
-    return [Estimate(float(m), math.sqrt(float(v) / num_tasks), num_tasks, float(t))
-            for m, v, t in zip(mean, variance, trimmed)]
+    remaining = num_tasks - kept
+    trimmed = rest / remaining
+    # the kept tasks' spread, as if the cut were fixed in advance (what a light bulk's mean is known to)
+    trimmed_variance = ((rest_squares / remaining - trimmed**2).clamp(min=0) * remaining / (remaining - 1)
+                        if remaining > 1 else torch.full_like(trimmed, math.nan))
+    return [Estimate(float(m), math.sqrt(float(v) / num_tasks), num_tasks, float(t), math.sqrt(float(u) / remaining))
+            for m, v, t, u in zip(mean, variance, trimmed, trimmed_variance)]
 
 
 def expected_loss(predictor: Callable, sampler: RegressionTasks, num_tasks: int | None = None,

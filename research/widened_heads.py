@@ -42,14 +42,28 @@ whether it goes on falling:
 
 and three times more the same way, into ``widened_heads_4_fourth.pt``, ``_fifth.pt`` and ``_sixth.pt`` (957, 993 and
 1 050 s to train, 217, 242 and 251 s to score): the shipped later stages at 4 layers, one after the other, the CPU
-otherwise idle, 192 000 steps of the 1-head model in all.
+otherwise idle, 192 000 steps of the 1-head model in all.  Then three stages at a tenth of that peak rate (in each
+stage at 0.005 the loss on the curve's tasks rose 23 times or more before the cosine brought it back):
+
+    python research/widened_heads.py train low_rate_one.pt --steps 24000 --learning-rate 0.0005 --depths 4 \
+        --starts one --continued                                                 # 1 022 s (1 process)
+    python research/widened_heads.py train low_rate_five.pt --steps 24000 --learning-rate 0.0005 --depths 4 \
+        --starts five --continued                                                # 958 s (1 process)
+    python research/widened_heads.py score low_rate_one.pt low_rate_five.pt      # 125 s
+    python research/widened_heads.py train low_rate_8.pt --steps 24000 --learning-rate 0.0005 --depths 4 \
+        --starts one five --continued                                            # 1 023 s
+    python research/widened_heads.py score low_rate_8.pt                         # 128 s
+
+and once more into ``low_rate_9.pt`` (997 s, 128 s): 264 000 steps of the 1-head model in all.
 
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a later stage,
 ``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,
 ``"NAME (before)"``, scored again on the same tasks, and what the stage moved them, ``"NAME - NAME (before)"``, paired):
 ``"start_steps"``, ``"steps"``, ``"learning_rate"``, the ``"start"`` loss and each trained model's per seed (mean,
-stderr), the paired ``"five - one"``, ``"split - one"`` and ``"one - start"`` differences per seed (mean, stderr), each
-model's ``"curve"`` and ``"weights"``.
+stderr, and in files scored since 2026-11-28 the mean without the worst 100 tasks of the million and that mean's
+stderr: ``evaluate.Estimate.trimmed_mean``), the paired ``"five - one"``, ``"split - one"`` and ``"one - start"``
+differences per seed (mean, stderr), each model's ``"curve"`` and ``"weights"``.  Scoring the same files again
+replaces their stage and their entry in ``results["redone"]``.
 """
 
 from __future__ import annotations
@@ -137,7 +151,7 @@ def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, d
                   learning_rate, 0) for name in starts]
     jobs.sort(key=lambda job: -job[0] * (1 if job[1] == "one" else HEADS))      # the slowest first
     trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps, "continued": continued,
-               "torch": str(torch.__version__), "runs": {}}
+               "torch": str(torch.__version__), "processes": min(processes, len(jobs)), "runs": {}}
     begin = time.perf_counter()
     # one process: the jobs run here, one after another; more: spawned (a forked process would share torch's threads)
     with contextlib.nullcontext() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes) as pool:
@@ -159,6 +173,12 @@ def _command(trained: dict) -> str:
     return (f"python research/widened_heads.py train FILE --steps {trained['steps']} --learning-rate "
             f"{trained['learning_rate']:g} --depths {depths}{chosen}" + (" --continued" if trained.get("continued")
                                                                          else ""))
+
+
+def _side_by_side(trained: dict) -> str:
+    """How many processes trained one file's jobs at once (files written before this was kept: 2)."""
+    processes = trained.get("processes", 2)
+    return "1 process" if processes == 1 else f"{processes} processes side by side"
 
 
 def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
@@ -216,8 +236,9 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
             stage_pairs = [(name, f"{name} (before)") for name in names] if continued else []
             losses, differences = paired_losses(models, samplers[position], "one", memformer.eval_count(depth),
                                                 seed=7_000 + 31 * seed + depth, pairs=stage_pairs)
-            for name in ("start", *earlier, *names):
-                rows[name].append((losses[name].mean, losses[name].stderr))
+            for name in ("start", *earlier, *names):   # and the mean without the worst 100 tasks of the million
+                rows[name].append((losses[name].mean, losses[name].stderr, losses[name].trimmed_mean,
+                                   losses[name].trimmed_stderr))
             for name in names:
                 if name != "one":
                     rows[f"{name} - one"].append((differences[name].mean, differences[name].stderr))
@@ -238,14 +259,16 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
             results.setdefault(key, {}).setdefault(depth, {})[stage["start_steps"]] = stage
     else:
         results.setdefault(key, {}).update(out)      # a later call for other depths keeps these
-    results["redone"] = results.get("redone", []) + [{
-        "command": " && ".join(_command(trained).replace("FILE", path.name) for trained, path in zip(files, paths))
-        + " && python research/widened_heads.py score " + " ".join(path.name for path in paths),
+    command = (" && ".join(_command(trained).replace("FILE", path.name) for trained, path in zip(files, paths))
+               + " && python research/widened_heads.py score " + " ".join(path.name for path in paths))
+    # the same files scored again replace their record: one entry per run
+    results["redone"] = [entry for entry in results.get("redone", []) if entry["command"] != command] + [{
+        "command": command,
         "parts": [key],
         "seconds": sum(trained["seconds"] for trained in files) + time.perf_counter() - begin,
-        "where": "trained on a 2-core CPU, 2 processes side by side (" + ", ".join(
-            f"{trained['seconds']:.0f} s" for trained in files) + f", torch {files[0]['torch']}); scored there "
-        f"({time.perf_counter() - begin:.0f} s)"}]
+        "where": "trained on a 2-core CPU (" + ", ".join(
+            f"{trained['seconds']:.0f} s with {_side_by_side(trained)}" for trained in files)
+        + f", torch {files[0]['torch']}); scored there ({time.perf_counter() - begin:.0f} s)"}]
     torch.save(results, results_path)
     print(f"wrote {results_path}", flush=True)
 

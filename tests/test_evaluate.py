@@ -160,6 +160,11 @@ def test_the_trimmed_mean_leaves_out_the_worst_hundredth_of_a_percent_chunk_by_c
         worst = values.sort().values[-2:]          # 25 000 tasks: the 2 worst
         assert estimate.trimmed_mean == pytest.approx(float((values.sum() - worst.sum()) / (25_000 - 2)), rel=1e-9)
         assert estimate.trimmed_mean == pytest.approx(Estimate.from_samples(values).trimmed_mean, rel=1e-9)
+        # its error: the kept tasks' standard deviation over the root of their count, chunked or not
+        kept = values.sort().values[:-2]
+        assert estimate.trimmed_stderr == pytest.approx(float(kept.std() / (25_000 - 2) ** 0.5), rel=1e-6)
+        assert estimate.trimmed_stderr == pytest.approx(Estimate.from_samples(values).trimmed_stderr, rel=1e-6)
+    assert light.trimmed_stderr < light.stderr and heavy.trimmed_stderr < 0.7 * heavy.stderr   # the tail left out
     assert not light.heavy_tailed() and heavy.heavy_tailed()
     # ten tasks in a hundred thousand carrying 6% of the mean: a standard error under 2% of the mean, yet a tail
     values = torch.ones(100_000, dtype=torch.float64)
@@ -180,6 +185,7 @@ def test_the_trimmed_mean_leaves_out_the_worst_hundredth_of_a_percent_chunk_by_c
         return values[start:start + batch.y.shape[0]]
     (chunked,) = _monte_carlo(in_order, RegressionTasks(3, 5), 20_000, 7_000, seed=0)
     assert chunked.trimmed_mean == 1.0 and chunked.mean > 1e17 and served == [7_000, 7_000, 6_000]
+    assert chunked.trimmed_stderr == 0.0 and Estimate.from_samples(values).trimmed_stderr == 0.0   # all ones kept
 
 
 def test_paired_adjusted_losses_are_the_losses_and_their_differences_on_the_same_tasks():

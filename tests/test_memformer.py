@@ -630,7 +630,11 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     script.score(files, results_path)
     scored = torch.load(results_path, weights_only=True)
     widened = scored["widened_heads"][3]
-    assert widened["start_steps"] == steps and widened["steps"] == 4 and widened["start"].shape == (3, 2)
+    assert widened["start_steps"] == steps and widened["steps"] == 4 and widened["start"].shape == (3, 4)
+    for name in ("start", "one", "five", "split"):   # (mean, stderr, mean without the worst task of 300, its stderr)
+        loss = widened[name]
+        assert (loss[:, 2] < loss[:, 0]).all() and (0 < loss[:, 3]).all() and (loss[:, 3] < loss[:, 1]).all()
+    assert widened["five - one"].shape == (3, 2)
     for name in ("five", "split"):
         assert torch.allclose(widened[f"{name} - one"][:, 0], widened[name][:, 0] - widened["one"][:, 0], rtol=1e-8)
     assert torch.allclose(widened["one - start"][:, 0], widened["one"][:, 0] - widened["start"][:, 0], rtol=1e-8)
@@ -639,6 +643,7 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     assert "train trained_0.pt --steps 4 --learning-rate 0.005 --depths 3 --starts one five" in command
     assert "train trained_1.pt --steps 4 --learning-rate 0.005 --depths 3 --starts split" in command
     assert command.endswith("score trained_0.pt trained_1.pt")
+    assert " s with 1 process, " in scored["redone"][-1]["where"]
     # another depth scored later joins the first; a depth without its 1-head run is refused
     script.train(2, 0.005, tmp_path / "two.pt", processes=1, depths=[2], starts=("one", "five"))
     script.score([tmp_path / "two.pt"], results_path)
@@ -680,6 +685,12 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     stages = torch.load(results_path, weights_only=True)["widened_heads_continued"][3]
     assert sorted(stages) == [steps + 4, steps + 6]
     assert torch.allclose(stages[steps + 6]["one (before)"], stages[steps + 4]["one"], rtol=1e-12)
+    # the same file scored again replaces its stage and its record, and reads the same
+    recorded = len(torch.load(results_path, weights_only=True)["redone"])
+    script.score([tmp_path / "third.pt"], results_path)
+    again = torch.load(results_path, weights_only=True)
+    assert len(again["redone"]) == recorded and again["redone"][-1]["command"].endswith("score third.pt")
+    assert torch.equal(again["widened_heads_continued"][3][steps + 6]["one"], stages[steps + 6]["one"])
 
 
 @pytest.mark.parametrize("how", ["new", "split"])
