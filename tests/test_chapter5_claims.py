@@ -279,3 +279,12 @@ def test_heads_at_four_layers_stage_after_stage(results):
     trimmed_gap = end["five"][:, 2] / end["one"][:, 2] - 1
     assert (0.005 < trimmed_gap).all() and (trimmed_gap < 0.175).all()
     assert ((end["one"][:, 2] < 0.6 * end["one"][:, 0]) & (end["one"][:, 3] < 0.02 * end["one"][:, 2])).all()
+    # the last stage task by task (research/stage_tails.py): the same tasks as the score, so the same mean change; the
+    # loss still fell on 57-71% of them, while the 100 worst before the stage rose as a group
+    for name in ("one", "five"):
+        tails = results["stage_tails"][240_000][name]
+        torch.testing.assert_close(tails["mean change"], end[f"{name} - {name} (before)"][:, 0]
+                                   / end[f"{name} (before)"][:, 0], rtol=1e-6, atol=0)
+        assert (0.56 < tails["fell"][:, 0]).all() and (tails["fell"][:, 0] < 0.71).all()
+        assert (tails["from worst"] >= 0).all() and (tails["from rest"] < -0.015).all()
+    assert any(entry["command"] == "python research/stage_tails.py 240000" for entry in results["redone"])
