@@ -691,6 +691,24 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     again = torch.load(results_path, weights_only=True)
     assert len(again["redone"]) == recorded and again["redone"][-1]["command"].endswith("score third.pt")
     assert torch.equal(again["widened_heads_continued"][3][steps + 6]["one"], stages[steps + 6]["one"])
+    # research/stage_tails.py on the third stage (it follows the second): task by task on the tasks that scored it
+    tails_path = pathlib.Path(__file__).resolve().parents[1] / "research" / "stage_tails.py"
+    spec = importlib.util.spec_from_file_location("stage_tails", tails_path)
+    tails_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tails_script)
+    with pytest.raises(SystemExit, match="give a later stage that follows another later stage"):
+        tails_script.main(steps + 4, results_path, depth=3)      # the first later stage follows the first run
+    third_stage = again["widened_heads_continued"][3][steps + 6]
+    tails_script.main(steps + 6, results_path, depth=3)
+    tails = torch.load(results_path, weights_only=True)["stage_tails"][steps + 6]["one"]
+    torch.testing.assert_close(tails["mean change"], third_stage["one - one (before)"][:, 0]
+                               / third_stage["one (before)"][:, 0], rtol=1e-6, atol=0)   # the score's tasks
+    # the change splits exactly into the 100 tasks worst before the stage and the rest
+    torch.testing.assert_close(tails["from worst"] + tails["from rest"], tails["mean change"], rtol=1e-9, atol=1e-12)
+    assert ((0 <= tails["fell"][:, 0]) & (tails["fell"][:, 0] <= 1) & (tails["fell"][:, 1] > 0)).all()
+    assert ((0 < tails["worst share"]) & (tails["worst share"] <= 1)).all() and (tails["median ratio"] > 0).all()
+    # the third stage trained the 1-head model alone, so only it is compared
+    assert sorted(torch.load(results_path, weights_only=True)["stage_tails"][steps + 6]) == ["one"]
 
 
 @pytest.mark.parametrize("how", ["new", "split"])
