@@ -11,6 +11,8 @@ The same numbers go into ``results["stage_tails"][begin][name]``, tensors with o
 of the mean before).
 
     python research/stage_tails.py 240000          # 110 s on a 2-core CPU
+    python research/stage_tails.py 264000          # 115 s
+    python research/stage_tails.py 288000          # 102 s
 
 (``--depth`` picks another depth's stages; the shipped ones are at 4 layers.)
 """
