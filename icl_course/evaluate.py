@@ -259,11 +259,11 @@ def paired_losses(predictors: dict, sampler: RegressionTasks, reference: str | N
     names = list(predictors)
     if reference is not None and reference not in predictors:
         raise ValueError(f"reference {reference!r} is not one of the predictors ({', '.join(names)})")
-    pairs = [tuple(pair) for pair in pairs]
-    for pair in pairs:
-        if len(pair) != 2 or any(name not in predictors for name in pair):
+    for pair in pairs:      # a bare string or number would otherwise be split up or fail inside tuple()
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or any(name not in predictors for name in pair):
             raise ValueError(f"each of pairs is (name, base), both among the predictors ({', '.join(names)}); "
                              f"got {pair!r}")
+    pairs = [tuple(pair) for pair in pairs]
     others = [index for index, name in enumerate(names) if name != reference] if reference is not None else []
     columns = ([(index, names.index(reference)) for index in others]
                + [(names.index(name), names.index(base)) for name, base in pairs])

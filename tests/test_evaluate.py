@@ -250,3 +250,6 @@ def test_paired_losses_are_plain_losses_and_their_paired_differences():
     assert with_pairs["model - nudged"].mean == pytest.approx(-differences["nudged"].mean, rel=1e-9)
     with pytest.raises(ValueError, match=r"each of pairs is \(name, base\)"):
         paired_losses(predictors, sampler, "model", num_tasks=10, pairs=[("model", "other")])
+    for malformed in (3, "ab", ("model",)):   # not a pair at all: the same message, not a TypeError from tuple()
+        with pytest.raises(ValueError, match=r"each of pairs is \(name, base\)"):
+            paired_losses(predictors, sampler, "model", num_tasks=10, pairs=[malformed])
