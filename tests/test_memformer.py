@@ -738,3 +738,66 @@ def test_widen_heads_keeps_the_function_and_refuses_what_it_cannot_widen(how):
         memformer.widen_heads(stacked, 5, how="zero")
     with pytest.raises(ValueError, match="stacked 1-head weights"):
         memformer.widen_heads(wide, 5)
+
+
+def test_the_quasi_newton_stages_script_trains_on_from_the_shipped_models_and_scores_paired(tmp_path, monkeypatch):
+    """research/quasi_newton_stages.py: a tiny stage starts from the longest shipped 4-layer LFOM, a second from the
+    first's end; each is scored beside its start on the start's own tasks, so "before" is the shipped number."""
+    import importlib.util
+    import pathlib
+
+    from icl_course import memformer
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "research" / "quasi_newton_stages.py"
+    spec = importlib.util.spec_from_file_location("quasi_newton_stages", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    results = memformer.load_experiments()
+    stages = script.shipped_stages(results)
+    first = max(stages)
+    steps = memformer.longest_training(results, "quasi_newton", "isotropic")[0][3]
+    assert first == steps + sum(stage["steps"] for stage in results.get("quasi_newton_stages", {}).values())
+    results_path = tmp_path / "results.pt"
+    torch.save({key: value for key, value in results.items() if key != "quasi_newton_stages"}, results_path)
+    shipped = script.shipped_stages(torch.load(results_path, weights_only=True))
+    assert sorted(shipped) == [steps]
+    monkeypatch.setattr(memformer, "RECIPE", dict(memformer.RECIPE, curve_every=2, curve_tasks=100, eval_tasks=300))
+    monkeypatch.setattr(memformer, "load_experiments", lambda path=results_path: torch.load(path, weights_only=True))
+    script.train(2, 0.005, tmp_path / "one.pt", processes=1)
+    trained = torch.load(tmp_path / "one.pt", weights_only=True)
+    assert trained["start_steps"] == steps and sorted(trained["runs"]) == sorted(memformer.SETTINGS)
+    with pytest.raises(SystemExit, match="missing.pt: no such file"):
+        script.score(tmp_path / "missing.pt", results_path)
+    script.score(tmp_path / "one.pt", results_path)
+    scored = torch.load(results_path, weights_only=True)
+    stage = scored["quasi_newton_stages"][steps]
+    for setting in memformer.SETTINGS:
+        # "before" is the shipped model on its own scoring tasks (the million there, 300 here: the same first 300)
+        shipped_model = memformer.build(script.FAMILY, 4, 1, "full")
+        shipped_model.load_state_dict(memformer.unstack(shipped[steps][setting]["weights"], 0))
+        sampler = memformer.setting_samplers(list(memformer.RECIPE["seeds"]))[memformer.SETTINGS.index(setting) * 3]
+        mean, _ = memformer.score(shipped_model, memformer.stretched_tasks(sampler), 300, seed=7_000 + 4)
+        torch.testing.assert_close(stage[setting]["before"][0, 0], mean[-1], rtol=1e-9, atol=0)
+        torch.testing.assert_close(stage[setting]["after - before"][:, 0],
+                                   stage[setting]["after"][:, 0] - stage[setting]["before"][:, 0], rtol=1e-8, atol=0)
+        assert (stage[setting]["after - before"][:, 1] > 0).all() and stage[setting]["curve"].shape == (3, 2)
+        assert not torch.equal(stage[setting]["weights"]["P"], shipped[steps][setting]["weights"]["P"])
+    assert scored["redone"][-1]["command"] == ("python research/quasi_newton_stages.py train one.pt --steps 2 "
+                                               "--learning-rate 0.005 && python research/quasi_newton_stages.py "
+                                               "score one.pt")
+    # a second stage goes on from the first's end; a file from a stage that is not shipped is refused
+    script.train(2, 0.005, tmp_path / "two.pt", processes=1)
+    second = torch.load(tmp_path / "two.pt", weights_only=True)
+    assert second["start_steps"] == steps + 2
+    assert torch.equal(second["runs"]["rotated"]["start"]["P"], stage["rotated"]["weights"]["P"])
+    torch.save({key: value for key, value in scored.items() if key != "quasi_newton_stages"}, results_path)
+    with pytest.raises(SystemExit, match="goes on from"):
+        script.score(tmp_path / "two.pt", results_path)
+    torch.save(scored, results_path)
+    script.score(tmp_path / "two.pt", results_path)
+    script.score(tmp_path / "two.pt", results_path)        # scored again: the same stage and record, replaced
+    again = torch.load(results_path, weights_only=True)
+    assert sorted(again["quasi_newton_stages"]) == [steps, steps + 2]
+    assert len(again["redone"]) == len(scored["redone"]) + 1
+    torch.testing.assert_close(again["quasi_newton_stages"][steps + 2]["isotropic"]["before"],
+                               stage["isotropic"]["after"], rtol=1e-12, atol=0)

@@ -1,0 +1,147 @@
+"""Chapter 5's 4-layer quasi-Newton LFOM trained on in stages, each stage scored paired against where it started.
+
+The 4-layer LFOM with every entry of P and Q free (``memformer.FULL_ATTENTION["quasi_newton"]``, trained and scored
+on stretched tasks) had not converged after 24 000 steps from scratch: on rotated data its seeds still fell by a
+third from 12 000 steps, on isotropic data they parted ways (research/README.md, 2026-11-27, third entry).  Training
+from scratch for longer starts a new warm-up and decay and may end in another basin; a stage here instead trains
+each shipped model on from where it ended (``memformer.train_models(start=...)``), on a stream of stretched batches
+it has not met, with a warm-up and a cosine decay of its own at a lower peak rate, and then scores its end beside
+its start on the very million stretched tasks that scored the start (``memformer.score_groups``'s seed).  So what a
+stage moved comes with a paired standard error, far smaller than either loss's: the test of "has it stopped moving".
+
+    python research/quasi_newton_stages.py train stage_1.pt --steps 12000 --learning-rate 0.005
+    python research/quasi_newton_stages.py score stage_1.pt
+
+``train`` runs one process per setting (rotated, isotropic), each with its 3 seeds; the first stage starts from the
+longest shipped training, each later one from the last shipped stage.  ``score`` writes
+``results["quasi_newton_stages"][start_steps]``: ``"steps"``, ``"learning_rate"`` and per setting ``"before"``,
+``"after"`` and ``"after - before"`` (seeds, 2: mean and standard error over a million stretched tasks), the stage's
+``"curve"`` (seeds, checkpoints: its own check tasks) and the ``"weights"`` it ended with.  Scoring the same file
+again replaces its stage and its entry in ``results["redone"]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import pathlib
+import time
+
+import torch
+
+from icl_course import memformer
+from icl_course.evaluate import paired_losses
+
+PART, DEPTH, KEY = "quasi_newton", 4, "quasi_newton_stages"
+FAMILY = memformer.FULL_ATTENTION[PART][0]
+SETTINGS = memformer.SETTINGS
+
+
+def shipped_stages(results: dict) -> dict:
+    """The 4-layer LFOM's shipped trainings, by their steps at the end: the longest from scratch, then each later
+    stage; each ``{setting: {"weights" (seeds first), "curve"}}``."""
+    column = memformer.FULL_ATTENTION_DEPTHS.index(DEPTH)
+    lengths = {memformer.longest_training(results, PART, setting)[0][column] for setting in SETTINGS}
+    if len(lengths) != 1:
+        raise SystemExit(f"the settings' longest trainings differ ({sorted(lengths)} steps); train both as long")
+    steps = lengths.pop()
+    runs = results if steps == results["full_attention_steps"] else results["full_attention_lengths"][steps]
+    stages = {steps: {setting: runs[PART][setting][DEPTH] for setting in SETTINGS}}
+    for start, stage in sorted(results.get(KEY, {}).items()):
+        stages[start + stage["steps"]] = {setting: stage[setting] for setting in SETTINGS}
+    return stages
+
+
+def train_job(job) -> tuple:
+    setting, start, steps, learning_rate, stage = job
+    torch.set_num_threads(1)
+    seeds, index = list(memformer.RECIPE["seeds"]), SETTINGS.index(setting)
+    samplers = memformer.setting_samplers(seeds)[index * len(seeds):(index + 1) * len(seeds)]
+    recipe = dict(memformer.full_attention_recipe(PART, steps), depths=(DEPTH,), learning_rate=learning_rate)
+    begin = time.perf_counter()
+    trained = memformer.train_models(FAMILY, (DEPTH,), samplers, seeds, recipe, attention="full", stretched=True,
+                                     start=start, batch_seed=80_000 + 1_000 * stage + index)
+    weights, curve = trained[DEPTH]
+    return setting, {"weights": weights, "curve": curve, "start": start, "seconds": time.perf_counter() - begin}
+
+
+def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int = 2) -> None:
+    stages = shipped_stages(memformer.load_experiments())
+    start_steps = max(stages)
+    jobs = [(setting, {k: v.clone() for k, v in stages[start_steps][setting]["weights"].items()}, steps,
+             learning_rate, len(stages)) for setting in SETTINGS]
+    trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps,
+               "torch": str(torch.__version__), "processes": min(processes, len(jobs)), "runs": {}}
+    begin = time.perf_counter()
+    # spawned, not forked: a forked process would share torch's threads
+    with contextlib.nullcontext() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes) as pool:
+        for setting, run in (map if pool is None else pool.imap_unordered)(train_job, jobs):
+            trained["runs"][setting] = run
+            print(f"{setting}: {run['seconds']:.0f} s, curve {[f'{v:.3g}' for v in run['curve'][:, 0].tolist()]} -> "
+                  f"{[f'{v:.3g}' for v in run['curve'][:, -1].tolist()]}", flush=True)
+            torch.save(trained, out)
+    trained["seconds"] = time.perf_counter() - begin
+    torch.save(trained, out)
+    print(f"done in {trained['seconds']:.0f} s", flush=True)
+
+
+def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
+    """Score the end of the stage in ``path`` beside its start, paired, into ``results_path``."""
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file; give the file that `train` wrote")
+    trained = torch.load(path, map_location="cpu", weights_only=True)
+    results = memformer.load_experiments(results_path)
+    stages, start_steps = shipped_stages(results), trained["start_steps"]
+    if start_steps not in stages or sorted(trained["runs"]) != sorted(SETTINGS):
+        raise SystemExit(f"{path} goes on from {start_steps:,} steps with {sorted(trained['runs'])}; the shipped "
+                         f"trainings end at {', '.join(f'{end:,}' for end in sorted(stages))}: train the stage again")
+    seeds = list(memformer.RECIPE["seeds"])
+    samplers = memformer.setting_samplers(seeds)
+    begin, stage = time.perf_counter(), {"start_steps": start_steps, "steps": trained["steps"],
+                                         "learning_rate": trained["learning_rate"]}
+    for index, setting in enumerate(SETTINGS):
+        run, before = trained["runs"][setting], stages[start_steps][setting]["weights"]
+        if any(not torch.equal(run["start"][k], before[k]) for k in before):
+            raise SystemExit(f"{path}: its {setting} models did not start from the shipped ones that end at "
+                             f"{start_steps:,} steps; train the stage again")
+        rows = {"before": [], "after": [], "after - before": []}
+        for position, seed in enumerate(seeds):
+            models = {}
+            for name, weights in (("before", before), ("after", run["weights"])):
+                models[name] = memformer.build(FAMILY, DEPTH, 1, "full")
+                models[name].load_state_dict(memformer.unstack(weights, position))
+            losses, differences = paired_losses(models, memformer.stretched_tasks(samplers[index * len(seeds) +
+                                                                                           position]),
+                                                "before", memformer.eval_count(DEPTH), seed=7_000 + 31 * seed + DEPTH)
+            for name, estimate in (*losses.items(), ("after - before", differences["after"])):
+                rows[name].append((estimate.mean, estimate.stderr))
+            print(f"{setting}, seed {seed}: " + ", ".join(f"{name} {values[-1][0]:.4g} ± {values[-1][1]:.2g}"
+                                                          for name, values in rows.items()), flush=True)
+        stage[setting] = {**{name: torch.tensor(values, dtype=torch.float64) for name, values in rows.items()},
+                          "curve": run["curve"], "weights": run["weights"]}
+    results.setdefault(KEY, {})[start_steps] = stage
+    command = (f"python research/quasi_newton_stages.py train {path.name} --steps {trained['steps']} --learning-rate "
+               f"{trained['learning_rate']:g} && python research/quasi_newton_stages.py score {path.name}")
+    # the same file scored again replaces its record: one entry per run
+    results["redone"] = [entry for entry in results.get("redone", []) if entry["command"] != command] + [{
+        "command": command, "parts": [KEY], "seconds": trained["seconds"] + time.perf_counter() - begin,
+        "where": f"trained on a 2-core CPU ({trained['seconds']:.0f} s with {trained['processes']} process(es) side "
+                 f"by side, torch {trained['torch']}); scored there ({time.perf_counter() - begin:.0f} s)"}]
+    torch.save(results, results_path)
+    print(f"wrote {results_path}", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("train", "score"))
+    parser.add_argument("path", help="train: the file to write; score: the file `train` wrote")
+    parser.add_argument("--steps", type=int, default=12_000)
+    parser.add_argument("--learning-rate", type=float, default=0.005)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--results", default=str(memformer.PRETRAINED))
+    arguments = parser.parse_args()
+    if arguments.what == "train":
+        train(arguments.steps, arguments.learning_rate, pathlib.Path(arguments.path), arguments.processes)
+    else:
+        score(pathlib.Path(arguments.path), pathlib.Path(arguments.results))
