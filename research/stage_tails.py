@@ -13,6 +13,8 @@ of the mean before).
     python research/stage_tails.py 240000          # 110 s on a 2-core CPU
     python research/stage_tails.py 264000          # 115 s
     python research/stage_tails.py 288000          # 102 s
+    python research/stage_tails.py 312000          # 111 s
+    python research/stage_tails.py 336000          # 96 s
 
 (``--depth`` picks another depth's stages; the shipped ones are at 4 layers.)
 """
