@@ -9,8 +9,12 @@ it has not met, with a warm-up and a cosine decay of its own at a lower peak rat
 its start on the very million stretched tasks that scored the start (``memformer.score_groups``'s seed).  So what a
 stage moved comes with a paired standard error, far smaller than either loss's: the test of "has it stopped moving".
 
-    python research/quasi_newton_stages.py train stage_1.pt --steps 12000 --learning-rate 0.005
-    python research/quasi_newton_stages.py score stage_1.pt
+    python research/quasi_newton_stages.py train qn_stage_1.pt --steps 12000 --learning-rate 0.005    # 471 s
+    python research/quasi_newton_stages.py score qn_stage_1.pt                                      # 120 s
+
+and the same into ``qn_stage_2.pt`` and ``qn_stage_3.pt`` (597 s and 464 s to train, about 2 minutes each to score),
+then twice at ``--learning-rate 0.0005`` into ``qn_stage_4.pt`` and ``qn_stage_5.pt`` (464 s and 467 s): the shipped
+stages, on a 2-core CPU, to 84 000 steps in all.
 
 ``train`` runs one process per setting (rotated, isotropic), each with its 3 seeds; the first stage starts from the
 longest shipped training, each later one from the last shipped stage.  ``score`` writes
