@@ -130,8 +130,9 @@ def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
     # the same file scored again replaces its record: one entry per run
     results["redone"] = [entry for entry in results.get("redone", []) if entry["command"] != command] + [{
         "command": command, "parts": [KEY], "seconds": trained["seconds"] + time.perf_counter() - begin,
-        "where": f"trained on a 2-core CPU ({trained['seconds']:.0f} s with {trained['processes']} process(es) side "
-                 f"by side, torch {trained['torch']}); scored there ({time.perf_counter() - begin:.0f} s)"}]
+        "where": f"trained on a 2-core CPU ({trained['seconds']:.0f} s with "
+                 + ("1 process" if trained["processes"] == 1 else f"{trained['processes']} processes side by side")
+                 + f", torch {trained['torch']}); scored there ({time.perf_counter() - begin:.0f} s)"}]
     torch.save(results, results_path)
     print(f"wrote {results_path}", flush=True)
 
