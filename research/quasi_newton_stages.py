@@ -17,10 +17,14 @@ then twice at ``--learning-rate 0.0005`` into ``qn_stage_4.pt`` and ``qn_stage_5
 stages, on a 2-core CPU, to 84 000 steps in all.
 
 ``train`` runs one process per setting (rotated, isotropic), each with its 3 seeds; the first stage starts from the
-longest shipped training, each later one from the last shipped stage.  ``score`` writes
+longest shipped training, each later one from the last shipped stage.  The stages ended 1.8 to 2.1 times above the
+best 3 000-step run from scratch (isotropic seed 2), so the long training settled in a worse basin; ``--from 3000``
+starts a branch from the shipped 3 000-step trainings instead (every seed and setting), and each later stage with
+the same ``--from`` goes on from that branch's last stage.  ``score`` writes
 ``results["quasi_newton_stages"][start_steps]``: ``"steps"``, ``"learning_rate"`` and per setting ``"before"``,
 ``"after"`` and ``"after - before"`` (seeds, 2: mean and standard error over a million stretched tasks), the stage's
-``"curve"`` (seeds, checkpoints: its own check tasks) and the ``"weights"`` it ended with.  Scoring the same file
+``"curve"`` (seeds, checkpoints: its own check tasks) and the ``"weights"`` it ended with; a branch's stages go to
+``results["quasi_newton_branches"][origin][start_steps]``.  Scoring the same file
 again replaces its stage and its entry in ``results["redone"]``.
 """
 
@@ -37,45 +41,58 @@ import torch
 from icl_course import memformer
 from icl_course.evaluate import paired_losses
 
-PART, DEPTH, KEY = "quasi_newton", 4, "quasi_newton_stages"
+PART, DEPTH, KEY, BRANCHES = "quasi_newton", 4, "quasi_newton_stages", "quasi_newton_branches"
 FAMILY = memformer.FULL_ATTENTION[PART][0]
 SETTINGS = memformer.SETTINGS
 
 
-def shipped_stages(results: dict) -> dict:
+def shipped_stages(results: dict, origin: int | None = None) -> dict:
     """The 4-layer LFOM's shipped trainings, by their steps at the end: the longest from scratch, then each later
-    stage; each ``{setting: {"weights" (seeds first), "curve"}}``."""
+    stage; each ``{setting: {"weights" (seeds first), "curve"}}``.  With ``origin``, the branch that starts from the
+    shipped training of ``origin`` steps from scratch instead, then each of that branch's stages."""
     column = memformer.FULL_ATTENTION_DEPTHS.index(DEPTH)
     lengths = {memformer.longest_training(results, PART, setting)[0][column] for setting in SETTINGS}
     if len(lengths) != 1:
         raise SystemExit(f"the settings' longest trainings differ ({sorted(lengths)} steps); train both as long")
-    steps = lengths.pop()
-    runs = results if steps == results["full_attention_steps"] else results["full_attention_lengths"][steps]
+    longest = lengths.pop()
+    steps = longest if origin is None else origin
+    runs = results if steps == results["full_attention_steps"] else results["full_attention_lengths"].get(steps, {})
+    if origin is not None:
+        shipped = sorted(length for length, trainings in [(results["full_attention_steps"], results),
+                                                          *results["full_attention_lengths"].items()]
+                         if all(DEPTH in trainings.get(PART, {}).get(setting, {}) for setting in SETTINGS))
+        if origin == longest or origin not in shipped:
+            raise SystemExit(f"--from {origin}: branch from one of the shorter shipped 4-layer trainings "
+                             f"({', '.join(f'{length}' for length in shipped if length != longest)} steps); "
+                             f"leave --from out to go on from the longest ({longest} steps)")
     stages = {steps: {setting: runs[PART][setting][DEPTH] for setting in SETTINGS}}
-    for start, stage in sorted(results.get(KEY, {}).items()):
+    later = results.get(KEY, {}) if origin is None else results.get(BRANCHES, {}).get(origin, {})
+    for start, stage in sorted(later.items()):
         stages[start + stage["steps"]] = {setting: stage[setting] for setting in SETTINGS}
     return stages
 
 
 def train_job(job) -> tuple:
-    setting, start, steps, learning_rate, stage = job
+    setting, start, steps, learning_rate, batch_seed = job
     torch.set_num_threads(1)
     seeds, index = list(memformer.RECIPE["seeds"]), SETTINGS.index(setting)
     samplers = memformer.setting_samplers(seeds)[index * len(seeds):(index + 1) * len(seeds)]
     recipe = dict(memformer.full_attention_recipe(PART, steps), depths=(DEPTH,), learning_rate=learning_rate)
     begin = time.perf_counter()
     trained = memformer.train_models(FAMILY, (DEPTH,), samplers, seeds, recipe, attention="full", stretched=True,
-                                     start=start, batch_seed=80_000 + 1_000 * stage + index)
+                                     start=start, batch_seed=batch_seed + index)
     weights, curve = trained[DEPTH]
     return setting, {"weights": weights, "curve": curve, "start": start, "seconds": time.perf_counter() - begin}
 
 
-def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int = 2) -> None:
-    stages = shipped_stages(memformer.load_experiments())
+def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int = 2, origin: int | None = None) -> None:
+    stages = shipped_stages(memformer.load_experiments(), origin)
     start_steps = max(stages)
+    # each stage of each branch meets a stream of batches of its own
+    batch_seed = (80_000 if origin is None else 1_000_000 + 100 * origin) + 1_000 * len(stages)
     jobs = [(setting, {k: v.clone() for k, v in stages[start_steps][setting]["weights"].items()}, steps,
-             learning_rate, len(stages)) for setting in SETTINGS]
-    trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps,
+             learning_rate, batch_seed) for setting in SETTINGS]
+    trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps, "origin": origin,
                "torch": str(torch.__version__), "processes": min(processes, len(jobs)), "runs": {}}
     begin = time.perf_counter()
     # spawned, not forked: a forked process would share torch's threads
@@ -95,15 +112,15 @@ def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
     if not path.is_file():
         raise SystemExit(f"{path}: no such file; give the file that `train` wrote")
     trained = torch.load(path, map_location="cpu", weights_only=True)
-    results = memformer.load_experiments(results_path)
-    stages, start_steps = shipped_stages(results), trained["start_steps"]
+    results, origin = memformer.load_experiments(results_path), trained.get("origin")
+    stages, start_steps = shipped_stages(results, origin), trained["start_steps"]
     if start_steps not in stages or sorted(trained["runs"]) != sorted(SETTINGS):
         raise SystemExit(f"{path} goes on from {start_steps:,} steps with {sorted(trained['runs'])}; the shipped "
                          f"trainings end at {', '.join(f'{end:,}' for end in sorted(stages))}: train the stage again")
     seeds = list(memformer.RECIPE["seeds"])
     samplers = memformer.setting_samplers(seeds)
     begin, stage = time.perf_counter(), {"start_steps": start_steps, "steps": trained["steps"],
-                                         "learning_rate": trained["learning_rate"]}
+                                         "learning_rate": trained["learning_rate"], "origin": origin}
     for index, setting in enumerate(SETTINGS):
         run, before = trained["runs"][setting], stages[start_steps][setting]["weights"]
         if any(not torch.equal(run["start"][k], before[k]) for k in before):
@@ -124,12 +141,15 @@ def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
                                                           for name, values in rows.items()), flush=True)
         stage[setting] = {**{name: torch.tensor(values, dtype=torch.float64) for name, values in rows.items()},
                           "curve": run["curve"], "weights": run["weights"]}
-    results.setdefault(KEY, {})[start_steps] = stage
+    branch = results.setdefault(KEY, {}) if origin is None else results.setdefault(BRANCHES, {}).setdefault(origin, {})
+    branch[start_steps] = stage
     command = (f"python research/quasi_newton_stages.py train {path.name} --steps {trained['steps']} --learning-rate "
-               f"{trained['learning_rate']:g} && python research/quasi_newton_stages.py score {path.name}")
+               f"{trained['learning_rate']:g}{'' if origin is None else f' --from {origin}'} && "
+               f"python research/quasi_newton_stages.py score {path.name}")
     # the same file scored again replaces its record: one entry per run
     results["redone"] = [entry for entry in results.get("redone", []) if entry["command"] != command] + [{
-        "command": command, "parts": [KEY], "seconds": trained["seconds"] + time.perf_counter() - begin,
+        "command": command, "parts": [KEY if origin is None else BRANCHES],
+        "seconds": trained["seconds"] + time.perf_counter() - begin,
         "where": f"trained on a 2-core CPU ({trained['seconds']:.0f} s with "
                  + ("1 process" if trained["processes"] == 1 else f"{trained['processes']} processes side by side")
                  + f", torch {trained['torch']}); scored there ({time.perf_counter() - begin:.0f} s)"}]
@@ -144,9 +164,13 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=12_000)
     parser.add_argument("--learning-rate", type=float, default=0.005)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--from", dest="origin", type=int, default=None,
+                        help="train: branch from the shipped 4-layer training of this many steps from scratch "
+                             "(then go on from that branch's last stage) instead of the longest")
     parser.add_argument("--results", default=str(memformer.PRETRAINED))
     arguments = parser.parse_args()
     if arguments.what == "train":
-        train(arguments.steps, arguments.learning_rate, pathlib.Path(arguments.path), arguments.processes)
+        train(arguments.steps, arguments.learning_rate, pathlib.Path(arguments.path), arguments.processes,
+              arguments.origin)
     else:
         score(pathlib.Path(arguments.path), pathlib.Path(arguments.results))

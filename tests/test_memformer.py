@@ -801,3 +801,27 @@ def test_the_quasi_newton_stages_script_trains_on_from_the_shipped_models_and_sc
     assert len(again["redone"]) == len(scored["redone"]) + 1
     torch.testing.assert_close(again["quasi_newton_stages"][steps + 2]["isotropic"]["before"],
                                stage["isotropic"]["after"], rtol=1e-12, atol=0)
+    # a branch from a shorter shipped training: its own stages, its own key, the longest refused as an origin
+    with pytest.raises(SystemExit, match="--from 24000: branch from one of the shorter"):
+        script.shipped_stages(again, 24_000)
+    origin = 3_000
+    script.train(2, 0.0005, tmp_path / "branch.pt", processes=1, origin=origin)
+    branch = torch.load(tmp_path / "branch.pt", weights_only=True)
+    scratch = again["full_attention_lengths"][origin]["quasi_newton"]
+    assert branch["start_steps"] == origin and branch["origin"] == origin
+    assert torch.equal(branch["runs"]["isotropic"]["start"]["P"], scratch["isotropic"][4]["weights"]["P"])
+    script.score(tmp_path / "branch.pt", results_path)
+    branched = torch.load(results_path, weights_only=True)
+    assert sorted(branched["quasi_newton_stages"]) == [steps, steps + 2]       # the main line is untouched
+    assert sorted(branched["quasi_newton_branches"]) == [origin]
+    assert sorted(script.shipped_stages(branched, origin)) == [origin, origin + 2]
+    assert branched["redone"][-1]["command"].startswith("python research/quasi_newton_stages.py train branch.pt "
+                                                        "--steps 2 --learning-rate 0.0005 --from 3000 && ")
+    for setting in memformer.SETTINGS:
+        model = memformer.build(script.FAMILY, 4, 1, "full")
+        model.load_state_dict(memformer.unstack(scratch[setting][4]["weights"], 1))
+        sampler = memformer.setting_samplers(list(memformer.RECIPE["seeds"]))[memformer.SETTINGS.index(setting) * 3 + 1]
+        seed = list(memformer.RECIPE["seeds"])[1]
+        mean, _ = memformer.score(model, memformer.stretched_tasks(sampler), 300, seed=7_000 + 31 * seed + 4)
+        torch.testing.assert_close(branched["quasi_newton_branches"][origin][origin][setting]["before"][1, 0],
+                                   mean[-1], rtol=1e-9, atol=0)
