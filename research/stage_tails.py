@@ -15,6 +15,7 @@ of the mean before).
     python research/stage_tails.py 288000          # 102 s
     python research/stage_tails.py 312000          # 111 s
     python research/stage_tails.py 336000          # 96 s
+    python research/stage_tails.py 360000          # 99 s (beside a short notebook run)
 
 (``--depth`` picks another depth's stages; the shipped ones are at 4 layers.)
 """

@@ -42,7 +42,7 @@ whether it goes on falling:
 
 and three times more the same way, into ``widened_heads_4_fourth.pt``, ``_fifth.pt`` and ``_sixth.pt`` (957, 993 and
 1 050 s to train, 217, 242 and 251 s to score): the shipped later stages at 4 layers, one after the other, the CPU
-otherwise idle, 192 000 steps of the 1-head model in all.  Then seven stages at a tenth of that peak rate (in each
+otherwise idle, 192 000 steps of the 1-head model in all.  Then eight stages at a tenth of that peak rate (in each
 stage at 0.005 the loss on the curve's tasks rose 23 times or more before the cosine brought it back):
 
     python research/widened_heads.py train low_rate_one.pt --steps 24000 --learning-rate 0.0005 --depths 4 \
@@ -56,7 +56,8 @@ stage at 0.005 the loss on the curve's tasks rose 23 times or more before the co
 
 and the same into ``low_rate_9.pt`` (997 s, 128 s), ``low_rate_10.pt`` (about 1 000 s; the log's 1 601 s shared the CPU
 with a stray second run for its first 17 minutes; 132 s), ``low_rate_11.pt`` (995 s, 118 s), ``low_rate_12.pt`` (964 s,
-129 s) and ``low_rate_13.pt`` (1 043 s, 128 s): 360 000 steps of the 1-head model in all.
+129 s), ``low_rate_13.pt`` (1 043 s, 128 s) and ``low_rate_14.pt`` (971 s, 121 s): 384 000 steps of the
+1-head model in all.
 
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a later stage,
 ``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,
