@@ -13,8 +13,8 @@ stage moved comes with a paired standard error, far smaller than either loss's: 
     python research/quasi_newton_stages.py score qn_stage_1.pt                                      # 120 s
 
 and the same into ``qn_stage_2.pt`` and ``qn_stage_3.pt`` (597 s and 464 s to train, about 2 minutes each to score),
-then twice at ``--learning-rate 0.0005`` into ``qn_stage_4.pt`` and ``qn_stage_5.pt`` (464 s and 467 s): the shipped
-stages, on a 2-core CPU, to 84 000 steps in all.
+then three times at ``--learning-rate 0.0005`` into ``qn_stage_4.pt``, ``qn_stage_5.pt`` and ``qn_stage_6.pt`` (464 s,
+467 s and 569 s, the last beside short notebook runs): the shipped stages, on a 2-core CPU, to 96 000 steps in all.
 
 ``train`` runs one process per setting (rotated, isotropic), each with its 3 seeds; the first stage starts from the
 longest shipped training, each later one from the last shipped stage.  The stages ended 1.8 to 2.1 times above the
