@@ -27,7 +27,10 @@ first beside short notebook runs; 114-145 s to score).
 longest shipped training, each later one from the last shipped stage.  The stages ended 1.8 to 2.1 times above the
 best 3 000-step run from scratch (isotropic seed 2), so the long training settled in a worse basin; ``--from 3000``
 starts a branch from the shipped 3 000-step trainings instead (every seed and setting), and each later stage with
-the same ``--from`` goes on from that branch's last stage.  ``score`` writes
+the same ``--from`` goes on from that branch's last stage.  ``--device cuda`` trains on a GPU (the tasks are still
+drawn on the CPU, and ``score`` runs there; the command that redoes a stage names the device it trained on); such
+models are launch-bound, so a GPU gains by running several branches side by side, not by a faster step.
+``score`` writes
 ``results["quasi_newton_stages"][start_steps]``: ``"steps"``, ``"learning_rate"`` and per setting ``"before"``,
 ``"after"`` and ``"after - before"`` (seeds, 2: mean and standard error over a million stretched tasks), the stage's
 ``"curve"`` (seeds, checkpoints: its own check tasks) and the ``"weights"`` it ended with; a branch's stages go to
@@ -80,27 +83,35 @@ def shipped_stages(results: dict, origin: int | None = None) -> dict:
 
 
 def train_job(job) -> tuple:
-    setting, start, steps, learning_rate, batch_seed = job
+    setting, start, steps, learning_rate, batch_seed, device = job
     torch.set_num_threads(1)
     seeds, index = list(memformer.RECIPE["seeds"]), SETTINGS.index(setting)
     samplers = memformer.setting_samplers(seeds)[index * len(seeds):(index + 1) * len(seeds)]
     recipe = dict(memformer.full_attention_recipe(PART, steps), depths=(DEPTH,), learning_rate=learning_rate)
     begin = time.perf_counter()
     trained = memformer.train_models(FAMILY, (DEPTH,), samplers, seeds, recipe, attention="full", stretched=True,
-                                     start=start, batch_seed=batch_seed + index)
+                                     start=start, batch_seed=batch_seed + index, device=device)
     weights, curve = trained[DEPTH]
     return setting, {"weights": weights, "curve": curve, "start": start, "seconds": time.perf_counter() - begin}
 
 
-def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int = 2, origin: int | None = None) -> None:
+def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int = 2, origin: int | None = None,
+          device: str = "cpu") -> None:
+    try:
+        device = memformer.available_device(device)
+    except ValueError as error:
+        raise SystemExit(f"--device {device}: {error}") from None
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda" else
+             "a 2-core CPU" if device.type == "cpu" else str(device))
     stages = shipped_stages(memformer.load_experiments(), origin)
     start_steps = max(stages)
     # each stage of each branch meets a stream of batches of its own
     batch_seed = (80_000 if origin is None else 1_000_000 + 100 * origin) + 1_000 * len(stages)
     jobs = [(setting, {k: v.clone() for k, v in stages[start_steps][setting]["weights"].items()}, steps,
-             learning_rate, batch_seed) for setting in SETTINGS]
+             learning_rate, batch_seed, str(device)) for setting in SETTINGS]
     trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps, "origin": origin,
-               "torch": str(torch.__version__), "processes": min(processes, len(jobs)), "runs": {}}
+               "torch": str(torch.__version__), "processes": min(processes, len(jobs)), "where": where,
+               "device": device.type, "runs": {}}
     begin = time.perf_counter()
     # spawned, not forked: a forked process would share torch's threads
     with contextlib.nullcontext() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes) as pool:
@@ -150,16 +161,18 @@ def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
                           "curve": run["curve"], "weights": run["weights"]}
     branch = results.setdefault(KEY, {}) if origin is None else results.setdefault(BRANCHES, {}).setdefault(origin, {})
     branch[start_steps] = stage
+    device = trained.get("device", "cpu")
     command = (f"python research/quasi_newton_stages.py train {path.name} --steps {trained['steps']} --learning-rate "
-               f"{trained['learning_rate']:g}{'' if origin is None else f' --from {origin}'} && "
+               f"{trained['learning_rate']:g}{'' if origin is None else f' --from {origin}'}"
+               f"{'' if device == 'cpu' else f' --device {device}'} && "
                f"python research/quasi_newton_stages.py score {path.name}")
     # the same file scored again replaces its record: one entry per run
     results["redone"] = [entry for entry in results.get("redone", []) if entry["command"] != command] + [{
         "command": command, "parts": [KEY if origin is None else BRANCHES],
         "seconds": trained["seconds"] + time.perf_counter() - begin,
-        "where": f"trained on a 2-core CPU ({trained['seconds']:.0f} s with "
+        "where": f"trained on {trained.get('where', 'a 2-core CPU')} ({trained['seconds']:.0f} s with "
                  + ("1 process" if trained["processes"] == 1 else f"{trained['processes']} processes side by side")
-                 + f", torch {trained['torch']}); scored there ({time.perf_counter() - begin:.0f} s)"}]
+                 + f", torch {trained['torch']}); scored on a 2-core CPU ({time.perf_counter() - begin:.0f} s)"}]
     torch.save(results, results_path)
     print(f"wrote {results_path}", flush=True)
 
@@ -174,10 +187,12 @@ if __name__ == "__main__":
     parser.add_argument("--from", dest="origin", type=int, default=None,
                         help="train: branch from the shipped 4-layer training of this many steps from scratch "
                              "(then go on from that branch's last stage) instead of the longest")
+    parser.add_argument("--device", default="cpu", help="train: where the models train (cpu, cuda, auto); the "
+                        "tasks are drawn on the CPU either way, and score runs on the CPU")
     parser.add_argument("--results", default=str(memformer.PRETRAINED))
     arguments = parser.parse_args()
     if arguments.what == "train":
         train(arguments.steps, arguments.learning_rate, pathlib.Path(arguments.path), arguments.processes,
-              arguments.origin)
+              arguments.origin, arguments.device)
     else:
         score(pathlib.Path(arguments.path), pathlib.Path(arguments.results))

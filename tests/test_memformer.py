@@ -826,3 +826,13 @@ def test_the_quasi_newton_stages_script_trains_on_from_the_shipped_models_and_sc
         mean, _ = memformer.score(model, memformer.stretched_tasks(sampler), 300, seed=7_000 + 31 * seed + 4)
         torch.testing.assert_close(branched["quasi_newton_branches"][origin][origin][setting]["before"][1, 0],
                                    mean[-1], rtol=1e-9, atol=0)
+    # where a stage trained goes into its record and, for a GPU, into the command that redoes it
+    assert branch["device"] == "cpu" and branched["redone"][-1]["where"].startswith("trained on a 2-core CPU (")
+    torch.save(dict(branch, device="cuda", where="NVIDIA H200"), tmp_path / "on_a_gpu.pt")
+    script.score(tmp_path / "on_a_gpu.pt", results_path)
+    record = torch.load(results_path, weights_only=True)["redone"][-1]
+    assert "--from 3000 --device cuda && python research/quasi_newton_stages.py score on_a_gpu.pt" in record["command"]
+    assert record["where"].startswith("trained on NVIDIA H200 (") and "scored on a 2-core CPU" in record["where"]
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="--device cuda: .* torch sees no CUDA GPU"):
+            script.train(2, 0.0005, tmp_path / "none.pt", processes=1, origin=origin, device="cuda")
