@@ -23,9 +23,9 @@ The shipped branch from the 3 000-step models, seven stages at 0.0005 to 87 000 
 and the same into ``qn_branch_2.pt``, ``qn_branch_3.pt`` and ``qn_branch_4.pt`` (592, 479, 469 and 454 s to train, the
 first beside short notebook runs; 114-145 s to score), then ``qn_branch_5.pt`` with ``--device cuda`` on one H200
 (384 s) and ``qn_branch_6.pt`` and ``qn_branch_7.pt`` on the CPU again (508 and 478 s). The shipped branches from the
-1 500- and 6 000-step models, to see whether that start was lucky, four stages each (the first on the H200, side by side
-with ``qn_branch_5.pt``, 383 s; the later ones on the CPU, 2 processes side by side, 476-620 s; each scored on the CPU in
-about 2 minutes):
+1 500- and 6 000-step models, to see whether that start was lucky, four stages each (the first on the H200, side by
+side with ``qn_branch_5.pt``, 383 s; the later ones on the CPU, 2 processes side by side, 476-620 s; each scored on the
+CPU in about 2 minutes):
 
     python research/quasi_newton_stages.py train qn_branch_1500_1.pt --steps 12000 --learning-rate 0.0005 --from 1500 \
         --device cuda
