@@ -30,6 +30,9 @@ def main(origin: int | None, setting: str, seed: int, num_tasks: int, iterations
     seeds = list(memformer.RECIPE["seeds"])
     if seed not in seeds or setting not in memformer.SETTINGS:
         raise SystemExit(f"--seed is one of {seeds} and --setting one of {', '.join(memformer.SETTINGS)}")
+    if min(num_tasks, iterations, rounds) < 1:
+        raise SystemExit(f"--tasks, --iterations and --rounds must be positive; "
+                         f"got {num_tasks}, {iterations}, {rounds}")
     position = seeds.index(seed)
     stages = shipped_stages(memformer.load_experiments(), origin)
     start = memformer.unstack(stages[max(stages)][setting]["weights"], position)
