@@ -43,6 +43,7 @@ the shipped results file); figures and sliders live in :mod:`icl_course.plots` a
 
 from __future__ import annotations
 
+import copy
 import math
 import pathlib
 import time
@@ -68,7 +69,8 @@ from .optimizers import conjugate_gradient, gradient_descent, momentum_descent, 
 from .runtime import available_device, check_count, make_generator, resolve_device, resolve_dtype
 
 __all__ = ["ATTENTIONS", "MEMORIES", "MODELS", "SETTINGS", "BASELINES", "Memformer", "cg_coefficients",
-           "momentum_coefficients", "covariance", "paper_tasks", "one_layer_optimum", "build", "train_models",
+           "momentum_coefficients", "change_coordinates", "rotated_coordinates", "covariance", "paper_tasks",
+           "one_layer_optimum", "build", "train_models",
            "tuned_baselines", "small_batch_experiment", "run_experiments", "load_experiments", "load_model",
            "final_losses", "loss_band", "training_lengths", "setting_samplers", "widen_heads", "train_groups",
            "score_groups"]
@@ -370,6 +372,47 @@ class Memformer(nn.Module):
                 f"attention={c['attention']!r}, memory={c['memory']!r}, tied={c['tied']}")
 
 
+def change_coordinates(model: Memformer, C) -> Memformer:
+    """The model written for inputs in other coordinates, ``x' = C x`` (``C`` (d, d), invertible).
+
+    On the tokens ``Z' = T Z``, ``T = diag(C, 1)``, a layer with ``P' = T P T^-1`` and ``Q' = T^-T Q T^-1`` computes
+    ``T`` times what ``P, Q`` compute on ``Z`` (in the GD form, ``A' = C^-T A C^-1``); ``T`` leaves the label row alone,
+    so on ``(X C^T, y, x_t C^T)`` the returned model predicts what ``model`` predicts on ``(X, y, x_t)``.  Dutta et
+    al.'s rotated tasks are the isotropic ones seen through ``C = U D`` (:func:`rotated_coordinates`).
+
+    Exact as long as the memory commutes with ``T``: the CGD scalars do, and so do LFOM gates when a layer never
+    updates the input rows (the GD form: ``P``'s input rows are 0) or when the gates of the input rows are equal
+    within each column.  Gates that differ between input rows act on single coordinates, so a model that uses them
+    is mapped to a different function: such a model class is not the same in both coordinate systems.  With
+    ``attention="identity"`` (``A_l = I`` fixed) only an orthogonal ``C`` can be absorbed, as for CG.
+    """
+    d, dtype = model.d, torch.float64
+    C = torch.as_tensor(C, dtype=dtype, device=model.device)
+    if C.shape != (d, d):
+        raise ValueError(f"C must be a ({d}, {d}) matrix for this model (d={d}), got shape {tuple(C.shape)}")
+    finite = bool(torch.isfinite(C).all())
+    singular_values = torch.linalg.svdvals(C) if finite else None
+    if not finite or singular_values[-1] <= 1e-12 * singular_values[0]:
+        raise ValueError("C must be invertible (its smallest singular value is 0 or below 1e-12 of its largest): "
+                         "a change of coordinates has to be undoable")
+    inverse = torch.linalg.inv(C)
+    if model.attention == "identity" and not torch.allclose(inverse.T @ inverse, torch.eye(d, dtype=dtype,
+                                                                                          device=C.device)):
+        raise ValueError("attention='identity' keeps A_l = I, which absorbs only an orthogonal C (like CG, its steps "
+                         "depend on the coordinates); build the model with attention='gd' or 'full' to learn A_l")
+    mapped = copy.deepcopy(model)
+    with torch.no_grad():
+        if model.attention == "full":
+            T = torch.eye(d + 1, dtype=dtype, device=C.device)
+            T_inverse = T.clone()
+            T[:d, :d], T_inverse[:d, :d] = C, inverse
+            mapped.P.copy_(T @ model.P.to(dtype) @ T_inverse)
+            mapped.Q.copy_(T_inverse.T @ model.Q.to(dtype) @ T_inverse)
+        elif model.attention == "gd":
+            mapped.A.copy_(inverse.T @ model.A.to(dtype) @ inverse)
+    return mapped
+
+
 # -- the experiments of chapter 5 (Dutta et al. 2024, section 5), shipped as one small file -------
 
 SCALES = (1.0, 1.0, 0.5, 0.25, 1.0)   # Dutta et al.'s D: x = U D z, so the inputs have covariance U D^2 U^T
@@ -424,6 +467,12 @@ def rotation(seed: int) -> torch.Tensor:
     gaussian = torch.randn(5, 5, generator=make_generator(seed), dtype=torch.float64)
     Q, R = torch.linalg.qr(gaussian)
     return Q * torch.sign(torch.diagonal(R))
+
+
+def rotated_coordinates(seed: int) -> torch.Tensor:
+    """``C = U D`` (d, d), ``U = rotation(seed)``: ``paper_tasks("rotated", seed)`` are ``paper_tasks("isotropic")``
+    with inputs ``x' = C x`` and weights ``w' = C^-T w`` (labels unchanged); see :func:`change_coordinates`."""
+    return rotation(seed) @ torch.diag(torch.tensor(SCALES, dtype=torch.float64))
 
 
 def covariance(seed: Optional[int]) -> Optional[torch.Tensor]:

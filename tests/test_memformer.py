@@ -235,6 +235,55 @@ def test_the_paper_task_law_whitens_the_labels_and_the_one_layer_optimum_is_the_
         memformer.paper_tasks("skewed")
 
 
+def test_a_change_of_coordinates_is_absorbed_exactly_unless_the_gates_act_on_single_input_rows():
+    from icl_course import memformer
+
+    isotropic = memformer.paper_tasks("isotropic").sample(256, seed=6)
+    C = memformer.rotated_coordinates(3)
+    # the rotated law is the isotropic one seen through C: x' = C x, w' = C^-T w, labels unchanged
+    rotated = memformer.paper_tasks("rotated", seed=3)
+    torch.testing.assert_close(C @ C.T, rotated.covariance, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.linalg.inv(C).T @ torch.linalg.inv(C), rotated.weight_covariance, rtol=0,
+                               atol=1e-12)
+    moved = (isotropic.X @ C.T, isotropic.y, isotropic.x_t @ C.T)
+
+    def gap(model):   # the largest difference of the predictions, relative to the largest prediction
+        with torch.no_grad():
+            prediction = model(isotropic).prediction
+            mapped = memformer.change_coordinates(model, C)(*moved).prediction
+        return ((prediction - mapped).abs().max() / prediction.abs().max()).item()
+
+    noise = torch.Generator().manual_seed(7)
+    models = {family: memformer.build(family, 3) for family in ("linear transformer", "CGD-like + A_l",
+                                                                 "LFOM (tied gates)", "LFOM (per-layer gates)")}
+    models["LFOM, every entry"] = memformer.build("LFOM (tied gates)", 3, attention="full")
+    for model in models.values():
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.1 * torch.randn(parameter.shape, generator=noise, dtype=torch.float64))
+    full = models.pop("LFOM, every entry")
+    for name, model in models.items():          # the GD form: the input rows are never updated, any gates
+        assert gap(model) < 1e-10, name
+    # every entry of P free: the gates of the input rows differ between rows, and the mapped model is another one
+    assert gap(full) > 1e-2
+    with torch.no_grad():
+        full.gates[:, :5] = full.gates[:, :5].mean(1, keepdim=True)   # equal within each column: exact again
+    assert gap(full) < 1e-10
+    # A_l = I absorbs a rotation (CG's steps are the same in rotated coordinates) but not a stretch
+    scalars = memformer.build("CGD-like (scalars)", 3)
+    U = memformer.rotation(3)
+    assert (scalars(isotropic).prediction - memformer.change_coordinates(scalars, U)(
+        isotropic.X @ U.T, isotropic.y, isotropic.x_t @ U.T).prediction).abs().max() < 1e-10
+    with pytest.raises(ValueError, match="orthogonal C"):
+        memformer.change_coordinates(scalars, C)
+    with pytest.raises(ValueError, match="invertible"):
+        memformer.change_coordinates(full, torch.diag(torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])))
+    with pytest.raises(ValueError, match="invertible"):
+        memformer.change_coordinates(full, torch.full((5, 5), float("nan")))
+    with pytest.raises(ValueError, match=r"\(5, 5\) matrix"):
+        memformer.change_coordinates(full, torch.eye(4))
+
+
 def test_train_models_trains_every_depth_and_seed_at_once_and_lowers_the_fresh_task_loss():
     from icl_course import memformer
 
