@@ -358,9 +358,10 @@ def test_quasi_newton_at_four_layers_stage_after_stage(results):
 def test_quasi_newton_at_four_layers_from_three_thousand_steps(results):
     """Section 9, the same stages (12 000 steps at 0.0005 each) from the shipped 3 000-step 4-layer LFOMs instead,
     every seed and setting, each scored paired on the million stretched tasks that scored its start.  Pins of the
-    shipped run: after 99 000 steps isotropic seed 2 at 7.9e-5 (from 2.6e-4), rotated seed 2 at 2.4e-4 (from 3.1e-3)."""
+    shipped run: after 123 000 steps isotropic seed 2 at 7.9e-5 (from 2.6e-4), rotated seed 2 at 1.9e-4 (from
+    3.1e-3)."""
     branch = results["quasi_newton_branches"][3_000]
-    assert sorted(branch) == list(range(3_000, 87_001, 12_000))
+    assert sorted(branch) == list(range(3_000, 111_001, 12_000))
     assert all(stage["steps"] == 12_000 and stage["learning_rate"] == 0.0005 and stage["origin"] == 3_000
                for stage in branch.values())
     shipped = results["full_attention_lengths"][3_000]["quasi_newton"]
@@ -370,16 +371,22 @@ def test_quasi_newton_at_four_layers_from_three_thousand_steps(results):
         for begin in sorted(branch)[1:]:
             torch.testing.assert_close(branch[begin][setting]["before"], branch[begin - 12_000][setting]["after"],
                                        rtol=1e-12, atol=0)
-    torch.testing.assert_close(branch[87_000]["rotated"]["after"][[0, 2], 0],
-                               torch.tensor([1.209e-3, 2.408e-4], dtype=torch.float64), rtol=3e-3, atol=0)
-    torch.testing.assert_close(branch[87_000]["isotropic"]["after"][[0, 2], 0],
-                               torch.tensor([4.753e-4, 7.936e-5], dtype=torch.float64), rtol=3e-3, atol=0)
-    # the best seed fell in every stage: the first four beyond 4.5 paired errors each, the next three by 1.6-3.9, the
-    # eighth within one
+    torch.testing.assert_close(branch[111_000]["rotated"]["after"][[0, 2], 0],
+                               torch.tensor([1.010e-3, 1.856e-4], dtype=torch.float64), rtol=3e-3, atol=0)
+    torch.testing.assert_close(branch[111_000]["isotropic"]["after"][[0, 2], 0],
+                               torch.tensor([4.737e-4, 7.864e-5], dtype=torch.float64), rtol=3e-3, atol=0)
+    # the best seed fell in each of the first seven stages: the first four beyond 4.5 paired errors each, the next
+    # three by 1.6-3.9; then three within 1.5 (one of them a rise), as every isotropic seed in those three stages
     changes = [branch[begin]["isotropic"]["after - before"][2] for begin in sorted(branch)]
     assert all(mean < -4.5 * error for mean, error in changes[:4])
     assert all(-4 * error < mean < -1.5 * error for mean, error in changes[4:7])
-    assert -changes[7][1] < changes[7][0] < 0
+    assert all(abs(mean) < 1.55 * error for mean, error in changes[7:]) and changes[8][0] > 0
+    for begin in (87_000, 99_000, 111_000):
+        change = branch[begin]["isotropic"]["after - before"]
+        assert (change[:, 0].abs() < 1.55 * change[:, 1]).all()
+    # the rotated seed 2 still falls by more than 20 paired errors a stage
+    assert all(branch[begin]["rotated"]["after - before"][2, 0] < -20 * branch[begin]["rotated"]["after - before"][2, 1]
+               for begin in (87_000, 99_000, 111_000))
 
 
 
