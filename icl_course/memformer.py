@@ -380,10 +380,11 @@ def change_coordinates(model: Memformer, C) -> Memformer:
     so on ``(X C^T, y, x_t C^T)`` the returned model predicts what ``model`` predicts on ``(X, y, x_t)``.  Dutta et
     al.'s rotated tasks are the isotropic ones seen through ``C = U D`` (:func:`rotated_coordinates`).
 
-    Exact as long as the memory commutes with ``T``: the CGD scalars do, and so do LFOM gates when a layer never
-    updates the input rows (the GD form: ``P``'s input rows are 0) or when the gates of the input rows are equal
-    within each column.  Gates that differ between input rows act on single coordinates, so a model that uses them
-    is mapped to a different function: such a model class is not the same in both coordinate systems.  With
+    Exact as long as the memory commutes with ``T``: the learned CGD scalars do (``alpha``, ``gamma`` overrides of a
+    call are not mapped), and so do LFOM gates when a layer never updates the input rows (the GD form: ``P``'s input
+    rows are 0), when the gates of the input rows are equal within each column, or when ``C`` is diagonal.  Otherwise
+    gates that differ between input rows scale single coordinates, which ``C`` mixes, and the model is in general
+    mapped to a different function (always, for a ``C`` without zero entries such as ``U D``).  With
     ``attention="identity"`` (``A_l = I`` fixed) only an orthogonal ``C`` can be absorbed, as for CG.
     """
     d, dtype = model.d, torch.float64
