@@ -264,8 +264,14 @@ def test_a_change_of_coordinates_is_absorbed_exactly_unless_the_gates_act_on_sin
     full = models.pop("LFOM, every entry")
     for name, model in models.items():          # the GD form: the input rows are never updated, any gates
         assert gap(model) < 1e-10, name
-    # every entry of P free: the gates of the input rows differ between rows, and the mapped model is another one
+    # every entry of P free: the gates of the input rows differ between rows, and the mapped model is another one,
+    # unless C is diagonal (a stretch scales each input row alone, as the gates do)
     assert gap(full) > 1e-2
+    stretch = torch.diag(torch.tensor([2.0, 0.5, 1.5, 0.25, 3.0], dtype=torch.float64))
+    with torch.no_grad():
+        stretched = memformer.change_coordinates(full, stretch)(isotropic.X @ stretch, isotropic.y,
+                                                                isotropic.x_t @ stretch).prediction
+        assert ((stretched - full(isotropic).prediction).abs().max() / full(isotropic).prediction.abs().max()) < 1e-10
     with torch.no_grad():
         full.gates[:, :5] = full.gates[:, :5].mean(1, keepdim=True)   # equal within each column: exact again
     assert gap(full) < 1e-10
