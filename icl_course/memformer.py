@@ -387,6 +387,9 @@ def change_coordinates(model: Memformer, C) -> Memformer:
     mapped to a different function (always, for a ``C`` without zero entries such as ``U D``).  With
     ``attention="identity"`` (``A_l = I`` fixed) only an orthogonal ``C`` can be absorbed, as for CG.
     """
+    if not isinstance(model, Memformer):
+        raise TypeError(f"change_coordinates rewrites a Memformer (memformer.build or memformer.load_model); got "
+                        f"{type(model).__name__}")
     d, dtype = model.d, torch.float64
     C = torch.as_tensor(C, dtype=dtype, device=model.device)
     if C.shape != (d, d):

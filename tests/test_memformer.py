@@ -288,6 +288,8 @@ def test_a_change_of_coordinates_is_absorbed_exactly_unless_the_gates_act_on_sin
         memformer.change_coordinates(full, torch.full((5, 5), float("nan")))
     with pytest.raises(ValueError, match=r"\(5, 5\) matrix"):
         memformer.change_coordinates(full, torch.eye(4))
+    with pytest.raises(TypeError, match="rewrites a Memformer"):
+        memformer.change_coordinates(torch.nn.Linear(5, 1), C)
 
 
 def test_train_models_trains_every_depth_and_seed_at_once_and_lowers_the_fresh_task_loss():
