@@ -358,10 +358,10 @@ def test_quasi_newton_at_four_layers_stage_after_stage(results):
 def test_quasi_newton_at_four_layers_from_three_thousand_steps(results):
     """Section 9, the same stages (12 000 steps at 0.0005 each) from the shipped 3 000-step 4-layer LFOMs instead,
     every seed and setting, each scored paired on the million stretched tasks that scored its start.  Pins of the
-    shipped run: after 123 000 steps isotropic seed 2 at 7.9e-5 (from 2.6e-4), rotated seed 2 at 1.9e-4 (from
+    shipped run: after 171 000 steps isotropic seed 2 at 7.7e-5 (from 2.6e-4), rotated seed 2 at 1.7e-4 (from
     3.1e-3)."""
     branch = results["quasi_newton_branches"][3_000]
-    assert sorted(branch) == list(range(3_000, 111_001, 12_000))
+    assert sorted(branch) == list(range(3_000, 159_001, 12_000))
     assert all(stage["steps"] == 12_000 and stage["learning_rate"] == 0.0005 and stage["origin"] == 3_000
                for stage in branch.values())
     shipped = results["full_attention_lengths"][3_000]["quasi_newton"]
@@ -371,23 +371,25 @@ def test_quasi_newton_at_four_layers_from_three_thousand_steps(results):
         for begin in sorted(branch)[1:]:
             torch.testing.assert_close(branch[begin][setting]["before"], branch[begin - 12_000][setting]["after"],
                                        rtol=1e-12, atol=0)
-    torch.testing.assert_close(branch[111_000]["rotated"]["after"][[0, 2], 0],
-                               torch.tensor([1.010e-3, 1.856e-4], dtype=torch.float64), rtol=3e-3, atol=0)
-    torch.testing.assert_close(branch[111_000]["isotropic"]["after"][[0, 2], 0],
-                               torch.tensor([4.737e-4, 7.864e-5], dtype=torch.float64), rtol=3e-3, atol=0)
+    torch.testing.assert_close(branch[159_000]["rotated"]["after"][[0, 2], 0],
+                               torch.tensor([1.161e-3, 1.675e-4], dtype=torch.float64), rtol=3e-3, atol=0)
+    torch.testing.assert_close(branch[159_000]["isotropic"]["after"][[0, 2], 0],
+                               torch.tensor([4.725e-4, 7.728e-5], dtype=torch.float64), rtol=3e-3, atol=0)
     # the best seed fell in each of the first seven stages: the first four beyond 4.5 paired errors each, the next
-    # three by 1.6-3.9; then three within about 1.5 (one of them a rise), as every isotropic seed in those three stages
+    # three by 1.6-3.9; then seven within 1.6 both ways (three of them rises), as did isotropic seed 0 in those seven
+    # stages (seed 1, heavy-tailed, within 2.6)
     changes = [branch[begin]["isotropic"]["after - before"][2] for begin in sorted(branch)]
     assert all(mean < -4.5 * error for mean, error in changes[:4])
     assert all(-4 * error < mean < -1.5 * error for mean, error in changes[4:7])
-    assert all(abs(mean) < 1.55 * error for mean, error in changes[7:]) and changes[8][0] > 0
-    for begin in (87_000, 99_000, 111_000):
-        change = branch[begin]["isotropic"]["after - before"]
-        assert (change[:, 0].abs() < 1.55 * change[:, 1]).all()
-    # the rotated seed 2 still falls by more than 20 paired errors a stage
-    assert all(branch[begin]["rotated"]["after - before"][2, 0] < -20 * branch[begin]["rotated"]["after - before"][2, 1]
-               for begin in (87_000, 99_000, 111_000))
-
+    assert all(abs(mean) < 1.6 * error for mean, error in changes[7:]) and sum(mean > 0 for mean, _ in changes[7:]) == 3
+    # (stages, seeds, 2)
+    late = torch.stack([branch[begin]["isotropic"]["after - before"] for begin in sorted(branch)[7:]])
+    assert (late[:, [0, 2], 0].abs() < 1.6 * late[:, [0, 2], 1]).all()
+    assert (late[:, 1, 0].abs() < 2.6 * late[:, 1, 1]).all()
+    # the rotated seed 2 still falls, by about 2% and more than 8 paired errors in each of the last three stages
+    for begin in sorted(branch)[-3:]:
+        change, before = branch[begin]["rotated"]["after - before"][2], branch[begin]["rotated"]["before"][2, 0]
+        assert change[0] < -8 * change[1] and -0.024 < change[0] / before < -0.02
 
 
 def test_quasi_newton_at_four_layers_from_other_starts(results):
