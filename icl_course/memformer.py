@@ -603,7 +603,7 @@ def _stacked_loss(layer_weights, w, covariances):
 def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = None,
                  fixed_batch: Optional[int] = None, attention: Optional[str] = None, num_heads: int = 1,
                  device: str | torch.device = "cpu", stretched: bool = False, start: Optional[dict] = None,
-                 batch_seed: Optional[int] = None) -> dict:
+                 batch_seed: Optional[int] = None, whitened: bool = False) -> dict:
     """Train one model of ``family`` per depth in ``depths`` and per sampler, all at once (vectorised).
 
     The model for depth ``L`` and sampler ``m`` is built with seed ``seeds[m]``; all models of one sampler
@@ -621,6 +621,12 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     ``start`` (one depth only): a state dict whose tensors have the samplers first (as returned), the models' start
     instead of :func:`build`'s, to train a model further (or a widened one); ``batch_seed`` seeds the stream of
     training batches (default: one fixed by ``seeds``), so that further training meets batches it has not seen.
+    ``whitened=True`` lets Adam step in the coordinates where each sampler's inputs are white, ``x = F z`` with ``F``
+    the Cholesky factor of its ``S``: it trains ``P~ = T^-1 P T`` and ``Q~ = T^T Q T`` (``T = diag(F, 1)``), or
+    ``A~ = F^T A F`` in the GD form, and returns ``P, Q`` (or ``A``) again.  The model class and the loss are the
+    same (the map is one-to-one, the gates and CGD scalars are left as they are), but Adam's steps, entry by entry,
+    are not invariant to a change of basis: in the given coordinates they must undo the stretch of ``S`` (chapter 5,
+    section 9).  With ``S = I`` it is plain training.
     """
     if stretched and fixed_batch is not None:
         raise ValueError("stretched batches weight a fresh stream of tasks; a fixed batch is fitted as it is")
@@ -652,6 +658,7 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     factors = _factors(samplers)
     covariances = factors[0].to(device)
     last, each = (torch.tensor(depths) - 1).to(device), torch.arange(len(depths), device=device)
+    given = _whitening(params, factors[1].to(device)) if whitened else (lambda p: p)
 
     def forward(p, b, X, y):
         return functional_call(template, {**p, **b}, (X, y)).layer_weights
@@ -659,7 +666,7 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
     run = vmap(vmap(forward), in_dims=(0, 0, None, None))       # depths outside, samplers inside
 
     def losses(X, y, w, importance=None):   # (K, S) mean loss of each model's last layer
-        weights = run(params, buffers, X, y)                    # (K, S, B, deepest, d)
+        weights = run(given(params), buffers, X, y)             # (K, S, B, deepest, d)
         final = weights[each, :, :, last]    # (K, S, B, d)
         per_task = _stacked_loss(final, w, covariances)
         return (per_task if importance is None else per_task * importance).mean(-1)
@@ -699,6 +706,7 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
         optimizer.step()
     curve = torch.stack(curve, -1).cpu()
     trained = {}
+    params = given(params)
     if factored:
         params = {"A": params["alpha"][..., None, None, None] * params["A"]}
     for index, depth in enumerate(depths):   # keep each model's own layers
@@ -706,6 +714,36 @@ def train_models(family: str, depths, samplers, seeds, recipe: Optional[dict] = 
         trained[depth] = ((weights, curve[index]) if fixed_batch is None
                           else (weights, curve[index], tuple(tensor.cpu() for tensor in batch)))
     return trained
+
+
+def _whitening(params: dict, x_factor: torch.Tensor):
+    """Rewrite stacked ``params`` (models (K, S) first) in place for Adam in white coordinates, ``x = F z`` with
+    ``x_factor`` (S, d, d) the samplers' ``F``; return the map that gives back the weights in the given coordinates."""
+    if not {"P", "A"} & set(params):
+        raise ValueError("whitened=True changes the basis of A_l or of P_l and Q_l; this family has neither "
+                         "(attention='identity' keeps A_l = I)")
+    S, d = x_factor.shape[0], x_factor.shape[-1]
+    T = torch.eye(d + 1, dtype=x_factor.dtype, device=x_factor.device).repeat(S, 1, 1)
+    T[:, :d, :d] = x_factor
+    T_inverse, F_inverse = torch.linalg.inv(T), torch.linalg.inv(x_factor)
+
+    def per_model(matrix):   # (S, a, b) -> broadcast over (K, S, layers, heads, a, b)
+        return matrix[None, :, None, None].to(next(iter(params.values())).dtype)
+
+    T, T_inverse, F, F_inverse = map(per_model, (T, T_inverse, x_factor, F_inverse))
+    with torch.no_grad():
+        if "P" in params:
+            params["P"].copy_(T_inverse @ params["P"] @ T)
+            params["Q"].copy_(T.transpose(-1, -2) @ params["Q"] @ T)
+        else:
+            params["A"].copy_(F.transpose(-1, -2) @ params["A"] @ F)
+
+    def given(p: dict) -> dict:
+        if "P" in p:
+            return {**p, "P": T @ p["P"] @ T_inverse, "Q": T_inverse.transpose(-1, -2) @ p["Q"] @ T_inverse}
+        return {**p, "A": F_inverse.transpose(-1, -2) @ p["A"] @ F_inverse}
+
+    return given
 
 
 def small_batch_experiment(sizes=(1, 10), recipe: Optional[dict] = None, device: str | torch.device = "cpu",

@@ -94,20 +94,20 @@ def shipped_stages(results: dict, origin: int | None = None) -> dict:
 
 
 def train_job(job) -> tuple:
-    setting, start, steps, learning_rate, batch_seed, device = job
+    setting, start, steps, learning_rate, batch_seed, device, whitened = job
     torch.set_num_threads(1)
     seeds, index = list(memformer.RECIPE["seeds"]), SETTINGS.index(setting)
     samplers = memformer.setting_samplers(seeds)[index * len(seeds):(index + 1) * len(seeds)]
     recipe = dict(memformer.full_attention_recipe(PART, steps), depths=(DEPTH,), learning_rate=learning_rate)
     begin = time.perf_counter()
     trained = memformer.train_models(FAMILY, (DEPTH,), samplers, seeds, recipe, attention="full", stretched=True,
-                                     start=start, batch_seed=batch_seed + index, device=device)
+                                     start=start, batch_seed=batch_seed + index, device=device, whitened=whitened)
     weights, curve = trained[DEPTH]
     return setting, {"weights": weights, "curve": curve, "start": start, "seconds": time.perf_counter() - begin}
 
 
 def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int = 2, origin: int | None = None,
-          device: str = "cpu") -> None:
+          device: str = "cpu", whitened: bool = False) -> None:
     try:
         device = memformer.available_device(device)
     except ValueError as error:
@@ -119,10 +119,10 @@ def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int = 
     # each stage of each branch meets a stream of batches of its own
     batch_seed = (80_000 if origin is None else 1_000_000 + 100 * origin) + 1_000 * len(stages)
     jobs = [(setting, {k: v.clone() for k, v in stages[start_steps][setting]["weights"].items()}, steps,
-             learning_rate, batch_seed, str(device)) for setting in SETTINGS]
+             learning_rate, batch_seed, str(device), whitened) for setting in SETTINGS]
     trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps, "origin": origin,
                "torch": str(torch.__version__), "processes": min(processes, len(jobs)), "where": where,
-               "device": device.type, "runs": {}}
+               "device": device.type, "whitened": whitened, "runs": {}}
     begin = time.perf_counter()
     # spawned, not forked: a forked process would share torch's threads
     with contextlib.nullcontext() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes) as pool:
@@ -148,8 +148,10 @@ def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
                          f"trainings end at {', '.join(f'{end:,}' for end in sorted(stages))}: train the stage again")
     seeds = list(memformer.RECIPE["seeds"])
     samplers = memformer.setting_samplers(seeds)
+    whitened = trained.get("whitened", False)
     begin, stage = time.perf_counter(), {"start_steps": start_steps, "steps": trained["steps"],
-                                         "learning_rate": trained["learning_rate"], "origin": origin}
+                                         "learning_rate": trained["learning_rate"], "origin": origin,
+                                         "whitened": whitened}
     for index, setting in enumerate(SETTINGS):
         run, before = trained["runs"][setting], stages[start_steps][setting]["weights"]
         if any(not torch.equal(run["start"][k], before[k]) for k in before):
@@ -175,7 +177,7 @@ def score(path: pathlib.Path, results_path: pathlib.Path) -> None:
     device = trained.get("device", "cpu")
     command = (f"python research/quasi_newton_stages.py train {path.name} --steps {trained['steps']} --learning-rate "
                f"{trained['learning_rate']:g}{'' if origin is None else f' --from {origin}'}"
-               f"{'' if device == 'cpu' else f' --device {device}'} && "
+               f"{'' if device == 'cpu' else f' --device {device}'}{' --whitened' if whitened else ''} && "
                f"python research/quasi_newton_stages.py score {path.name}")
     # the same file scored again replaces its record: one entry per run
     results["redone"] = [entry for entry in results.get("redone", []) if entry["command"] != command] + [{
@@ -200,10 +202,12 @@ if __name__ == "__main__":
                              "(then go on from that branch's last stage) instead of the longest")
     parser.add_argument("--device", default="cpu", help="train: where the models train (cpu, cuda, auto); the "
                         "tasks are drawn on the CPU either way, and score runs on the CPU")
+    parser.add_argument("--whitened", action="store_true", help="train: Adam steps in the coordinates where each "
+                        "seed's inputs are white (memformer.train_models(whitened=True)); the same models and loss")
     parser.add_argument("--results", default=str(memformer.PRETRAINED))
     arguments = parser.parse_args()
     if arguments.what == "train":
         train(arguments.steps, arguments.learning_rate, pathlib.Path(arguments.path), arguments.processes,
-              arguments.origin, arguments.device)
+              arguments.origin, arguments.device, arguments.whitened)
     else:
         score(pathlib.Path(arguments.path), pathlib.Path(arguments.results))

@@ -644,6 +644,38 @@ def test_train_models_goes_on_from_a_start_on_its_own_batches_and_refuses_a_star
         memformer.train_models("CGD-like + A_l", (3,), samplers, [0, 1], recipe, start=first)
 
 
+def test_whitened_training_returns_the_given_coordinates_and_is_plain_training_on_isotropic_data():
+    """``train_models(whitened=True)``: no steps give the start back, the curve is the loss of the weights in the
+    given coordinates, on S = I it is plain training, and on rotated data Adam's path differs from plain training."""
+    from icl_course import memformer
+
+    recipe = dict(memformer.RECIPE, num_steps=20, batch_size=64, curve_every=10, curve_tasks=400)
+    rotated, isotropic = [memformer.paper_tasks("rotated", 0)], [memformer.paper_tasks("isotropic")]
+    for family, attention, key in (("LFOM (tied gates)", "full", "P"), ("CGD-like + A_l", None, "A")):
+        first, first_curve = memformer.train_models(family, (2,), rotated, [0], recipe, attention=attention)[2]
+        same, curve = memformer.train_models(family, (2,), rotated, [0], dict(recipe, num_steps=0), start=first,
+                                             attention=attention, whitened=True)[2]
+        assert all(torch.allclose(same[k], v, rtol=1e-12, atol=1e-13) for k, v in first.items())
+        assert torch.allclose(curve[:, 0], first_curve[:, -1], rtol=1e-10)
+        plain, plain_curve = memformer.train_models(family, (2,), rotated, [0], recipe, start=first,
+                                                    attention=attention, batch_seed=5)[2]
+        white, white_curve = memformer.train_models(family, (2,), rotated, [0], recipe, start=first,
+                                                    attention=attention, batch_seed=5, whitened=True)[2]
+        assert (white[key] - plain[key]).abs().max() > 1e-4 * plain[key].abs().max()   # another path,
+        model = memformer.build(family, 2, attention=attention)                      # in the given coordinates:
+        model.load_state_dict(memformer.unstack(white, 0))
+        checks = memformer._stacked_batches(memformer._factors(rotated), recipe["curve_tasks"],
+                                            memformer.make_generator(20_000))
+        error = model(checks[0][0], checks[1][0]).weights - checks[2][0]
+        loss = 0.5 * torch.einsum("bi,ij,bj->b", error, rotated[0].covariance, error).mean()
+        assert torch.allclose(loss, white_curve[0, -1], rtol=1e-10)
+        iso_plain = memformer.train_models(family, (2,), isotropic, [0], recipe, attention=attention)[2]
+        iso_white = memformer.train_models(family, (2,), isotropic, [0], recipe, attention=attention, whitened=True)[2]
+        assert all(torch.allclose(iso_white[0][k], v, rtol=1e-12, atol=1e-14) for k, v in iso_plain[0].items())
+    with pytest.raises(ValueError, match="has neither"):
+        memformer.train_models("CGD-like (scalars)", (1,), rotated, [0], recipe, whitened=True)
+
+
 def test_the_widened_heads_script_widens_without_changing_the_function_and_scores_paired(tmp_path, monkeypatch):
     """research/widened_heads.py: both 5-head starts compute the 1-head model's function; tiny runs from two files
     train from them and are scored together, with the paired differences equal to the differences of the losses."""
@@ -890,6 +922,22 @@ def test_the_quasi_newton_stages_script_trains_on_from_the_shipped_models_and_sc
     record = torch.load(results_path, weights_only=True)["redone"][-1]
     assert "--from 3000 --device cuda && python research/quasi_newton_stages.py score on_a_gpu.pt" in record["command"]
     assert record["where"].startswith("trained on NVIDIA H200 (") and "scored on a 2-core CPU" in record["where"]
+    # a whitened stage: the flag in the stage's record and the command; on isotropic data it is a plain stage
+    script.train(2, 0.0005, tmp_path / "white.pt", processes=1, origin=origin, whitened=True)
+    white = torch.load(tmp_path / "white.pt", weights_only=True)
+    assert white["whitened"] and white["start_steps"] == origin + 2
+    script.train(2, 0.0005, tmp_path / "plain.pt", processes=1, origin=origin)
+    plain = torch.load(tmp_path / "plain.pt", weights_only=True)
+    assert torch.allclose(white["runs"]["isotropic"]["weights"]["P"], plain["runs"]["isotropic"]["weights"]["P"],
+                          rtol=1e-12, atol=1e-14)
+    assert not torch.allclose(white["runs"]["rotated"]["weights"]["P"], plain["runs"]["rotated"]["weights"]["P"],
+                              rtol=1e-6, atol=0)
+    script.score(tmp_path / "white.pt", results_path)
+    whitened = torch.load(results_path, weights_only=True)
+    assert whitened["quasi_newton_branches"][origin][origin + 2]["whitened"]
+    assert not whitened["quasi_newton_branches"][origin][origin]["whitened"]
+    assert whitened["redone"][-1]["command"].endswith("--from 3000 --whitened && python "
+                                                      "research/quasi_newton_stages.py score white.pt")
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="--device cuda: .* torch sees no CUDA GPU"):
             script.train(2, 0.0005, tmp_path / "none.pt", processes=1, origin=origin, device="cuda")
