@@ -15,7 +15,7 @@ stage moved comes with a paired standard error, far smaller than either loss's: 
 and the same into ``qn_stage_2.pt`` and ``qn_stage_3.pt`` (597 s and 464 s to train, about 2 minutes each to score),
 then three times at ``--learning-rate 0.0005`` into ``qn_stage_4.pt``, ``qn_stage_5.pt`` and ``qn_stage_6.pt`` (464 s,
 467 s and 569 s, the last beside short notebook runs): the shipped stages, on a 2-core CPU, to 96 000 steps in all.
-The shipped branch from the 3 000-step models, fourteen stages at 0.0005 to 171 000 steps:
+The shipped branch from the 3 000-step models, sixteen stages at 0.0005 to 195 000 steps:
 
     python research/quasi_newton_stages.py train qn_branch_1.pt --steps 12000 --learning-rate 0.0005 --from 3000
     python research/quasi_newton_stages.py score qn_branch_1.pt
@@ -23,7 +23,9 @@ The shipped branch from the 3 000-step models, fourteen stages at 0.0005 to 171 
 and the same into ``qn_branch_2.pt``, ``qn_branch_3.pt`` and ``qn_branch_4.pt`` (592, 479, 469 and 454 s to train, the
 first beside short notebook runs; 114-145 s to score), then ``qn_branch_5.pt`` with ``--device cuda`` on one H200
 (384 s) and ``qn_branch_6.pt`` to ``qn_branch_14.pt`` on the CPU again (508, 478, 482, 690, 693, 762, 800, 711 and
-655 s; the last six on a slower 2-core machine, scored in 157-196 s). The shipped branches from
+655 s; the last six on a slower 2-core machine, scored in 157-196 s), then two stages with Adam in white coordinates,
+``qn_branch_15.pt`` and ``qn_branch_16.pt`` with ``--whitened`` (1 605 and 1 532 s on a 2-core CPU about half as fast;
+225-280 s to score). The shipped branches from
 the 1 500- and 6 000-step models, to see whether that start was lucky, five stages each (the first on the H200, side by
 side with ``qn_branch_5.pt``, 383 s; the later ones on the CPU, 2 processes side by side, 476-620 s; each scored on the
 CPU in about 2 minutes):
@@ -41,6 +43,9 @@ starts a branch from the shipped 3 000-step trainings instead (every seed and se
 the same ``--from`` goes on from that branch's last stage.  ``--device cuda`` trains on a GPU (the tasks are still
 drawn on the CPU, and ``score`` runs there; the command that redoes a stage names the device it trained on); such
 models are launch-bound, so a GPU gains by running several branches side by side, not by a faster step.
+``--whitened`` lets Adam step in the coordinates where each seed's inputs are white
+(``memformer.train_models(whitened=True)``: the same models and loss; on isotropic data a plain stage); the stage's
+record keeps ``"whitened"`` and the command that redoes it says ``--whitened``.
 ``score`` writes
 ``results["quasi_newton_stages"][start_steps]``: ``"steps"``, ``"learning_rate"`` and per setting ``"before"``,
 ``"after"`` and ``"after - before"`` (seeds, 2: mean and standard error over a million stretched tasks), the stage's
