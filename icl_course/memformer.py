@@ -406,15 +406,28 @@ def change_coordinates(model: Memformer, C) -> Memformer:
                          "depend on the coordinates); build the model with attention='gd' or 'full' to learn A_l")
     mapped = copy.deepcopy(model)
     with torch.no_grad():
-        if model.attention == "full":
-            T = torch.eye(d + 1, dtype=dtype, device=C.device)
-            T_inverse = T.clone()
-            T[:d, :d], T_inverse[:d, :d] = C, inverse
-            mapped.P.copy_(T @ model.P.to(dtype) @ T_inverse)
-            mapped.Q.copy_(T_inverse.T @ model.Q.to(dtype) @ T_inverse)
-        elif model.attention == "gd":
-            mapped.A.copy_(inverse.T @ model.A.to(dtype) @ inverse)
+        names = {"full": ("P", "Q"), "gd": ("A",)}.get(model.attention, ())
+        for name, value in _carried({name: getattr(model, name).to(dtype) for name in names}, C).items():
+            getattr(mapped, name).copy_(value)
     return mapped
+
+
+def _carried(weights: dict, C: torch.Tensor) -> dict:
+    """``weights`` ("P" and "Q", or "A", each (..., D, D) or (..., d, d)) written for inputs ``x' = C x``: with
+    ``T = diag(C, 1)``, ``P' = T P T^-1``, ``Q' = T^-T Q T^-1``, ``A' = C^-T A C^-1``; ``C`` (..., d, d) broadcasts
+    against the weights' leading dimensions (one ``C`` per model of a stack)."""
+    d = C.shape[-1]
+    C_inverse = torch.linalg.inv(C)
+    T = torch.eye(d + 1, dtype=C.dtype, device=C.device).repeat(*C.shape[:-2], 1, 1)
+    T_inverse = T.clone()
+    T[..., :d, :d], T_inverse[..., :d, :d] = C, C_inverse
+    carried = {}
+    if "P" in weights:
+        carried["P"] = T @ weights["P"] @ T_inverse
+        carried["Q"] = T_inverse.transpose(-1, -2) @ weights["Q"] @ T_inverse
+    if "A" in weights:
+        carried["A"] = C_inverse.transpose(-1, -2) @ weights["A"] @ C_inverse
+    return carried
 
 
 # -- the experiments of chapter 5 (Dutta et al. 2024, section 5), shipped as one small file -------
@@ -722,26 +735,14 @@ def _whitening(params: dict, x_factor: torch.Tensor):
     if not {"P", "A"} & set(params):
         raise ValueError("whitened=True changes the basis of A_l or of P_l and Q_l; this family has neither "
                          "(attention='identity' keeps A_l = I)")
-    S, d = x_factor.shape[0], x_factor.shape[-1]
-    T = torch.eye(d + 1, dtype=x_factor.dtype, device=x_factor.device).repeat(S, 1, 1)
-    T[:, :d, :d] = x_factor
-    T_inverse, F_inverse = torch.linalg.inv(T), torch.linalg.inv(x_factor)
-
-    def per_model(matrix):   # (S, a, b) -> broadcast over (K, S, layers, heads, a, b)
-        return matrix[None, :, None, None].to(next(iter(params.values())).dtype)
-
-    T, T_inverse, F, F_inverse = map(per_model, (T, T_inverse, x_factor, F_inverse))
-    with torch.no_grad():
-        if "P" in params:
-            params["P"].copy_(T_inverse @ params["P"] @ T)
-            params["Q"].copy_(T.transpose(-1, -2) @ params["Q"] @ T)
-        else:
-            params["A"].copy_(F.transpose(-1, -2) @ params["A"] @ F)
+    names = ("P", "Q") if "P" in params else ("A",)
+    F = x_factor[None, :, None, None].to(params[names[0]].dtype)   # (S, d, d) -> over (K, S, layers, heads, d, d)
+    with torch.no_grad():   # Adam's start: the weights written for the white inputs z = F^-1 x
+        for name, value in _carried({name: params[name] for name in names}, torch.linalg.inv(F)).items():
+            params[name].copy_(value)
 
     def given(p: dict) -> dict:
-        if "P" in p:
-            return {**p, "P": T @ p["P"] @ T_inverse, "Q": T_inverse.transpose(-1, -2) @ p["Q"] @ T_inverse}
-        return {**p, "A": F_inverse.transpose(-1, -2) @ p["A"] @ F_inverse}
+        return {**p, **_carried({name: p[name] for name in names}, F)}
 
     return given
 
