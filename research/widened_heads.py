@@ -59,6 +59,16 @@ with a stray second run for its first 17 minutes; 132 s), ``low_rate_11.pt`` (99
 129 s), ``low_rate_13.pt`` (1 043 s, 128 s) and ``low_rate_14.pt`` (971 s, 121 s): 384 000 steps of the
 1-head model in all.
 
+``--whitened`` lets Adam step in the coordinates where each seed's inputs are white
+(``memformer.train_models(whitened=True)``): the same models and loss, another path.  For this family the change of
+coordinates is exact (its memory gates are scalars, so they commute with it), so a whitened stage on the rotated
+data is a plain stage on the isotropic problem, written back in the rotated coordinates.  The stage's record keeps
+``"whitened"`` and the command that redoes it says ``--whitened``:
+
+    python research/widened_heads.py train white_15.pt --steps 24000 --learning-rate 0.0005 --depths 4 \
+        --starts one five --continued --whitened
+    python research/widened_heads.py score white_15.pt
+
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a later stage,
 ``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,
 ``"NAME (before)"``, scored again on the same tasks, and what the stage moved them, ``"NAME - NAME (before)"``, paired):
@@ -106,7 +116,7 @@ STARTS = ("one", "five", "split")   # the 1-head model itself, and its two 5-hea
 
 
 def train_job(job) -> tuple:
-    depth, name, start, steps, learning_rate, stage = job
+    depth, name, start, steps, learning_rate, stage, whitened = job
     heads = 1 if name == "one" else HEADS
     torch.set_num_threads(1)
     seeds = list(memformer.RECIPE["seeds"])
@@ -114,7 +124,7 @@ def train_job(job) -> tuple:
     recipe = dict(memformer.full_attention_recipe("heads", steps), depths=(depth,), learning_rate=learning_rate)
     begin = time.perf_counter()
     trained = memformer.train_models(FAMILY, (depth,), samplers, seeds, recipe, attention="full", num_heads=heads,
-                                     start=start, batch_seed=50_000 + 1_000 * stage + depth)
+                                     start=start, batch_seed=50_000 + 1_000 * stage + depth, whitened=whitened)
     weights, curve = trained[depth]
     return depth, name, {"weights": weights, "curve": curve, "seconds": time.perf_counter() - begin}
 
@@ -139,7 +149,7 @@ def stage_weights(stage: dict, depth: int, name: str) -> dict:
 
 
 def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, depths, starts=STARTS,
-          continued: bool = False) -> None:
+          continued: bool = False, whitened: bool = False) -> None:
     results = memformer.load_experiments()
     jobs, start_steps = [], {}
     for depth in depths:
@@ -147,14 +157,15 @@ def train(steps: int, learning_rate: float, out: pathlib.Path, processes: int, d
         if continued:   # a next stage: each model from where the last shipped stage left it, on batches of its own
             stages = shipped_stages(results, depth)
             start_steps[depth] = max(stages)
-            jobs += [(depth, name, stage_weights(stages[max(stages)], depth, name), steps, learning_rate, len(stages))
-                     for name in starts]
+            jobs += [(depth, name, stage_weights(stages[max(stages)], depth, name), steps, learning_rate, len(stages),
+                      whitened) for name in starts]
             continue
         jobs += [(depth, name, weights if name == "one" else widened(weights, HEADS, 60_000 + depth, name), steps,
-                  learning_rate, 0) for name in starts]
+                  learning_rate, 0, whitened) for name in starts]
     jobs.sort(key=lambda job: -job[0] * (1 if job[1] == "one" else HEADS))      # the slowest first
     trained = {"steps": steps, "learning_rate": learning_rate, "start_steps": start_steps, "continued": continued,
-               "torch": str(torch.__version__), "processes": min(processes, len(jobs)), "runs": {}}
+               "whitened": whitened, "torch": str(torch.__version__), "processes": min(processes, len(jobs)),
+               "runs": {}}
     begin = time.perf_counter()
     # one process: the jobs run here, one after another; more: spawned (a forked process would share torch's threads)
     with contextlib.nullcontext() if processes == 1 else multiprocessing.get_context("spawn").Pool(processes) as pool:
@@ -175,7 +186,8 @@ def _command(trained: dict) -> str:
     chosen = "" if tuple(names) == STARTS else " --starts " + " ".join(names)
     return (f"python research/widened_heads.py train FILE --steps {trained['steps']} --learning-rate "
             f"{trained['learning_rate']:g} --depths {depths}{chosen}" + (" --continued" if trained.get("continued")
-                                                                         else ""))
+                                                                         else "")
+            + (" --whitened" if trained.get("whitened") else ""))
 
 
 def _side_by_side(trained: dict) -> str:
@@ -200,12 +212,14 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
     begin, out, by_depth = time.perf_counter(), {}, {}
     for trained in files:
         for depth, runs in trained["runs"].items():
+            whitened = bool(trained.get("whitened"))
             first = by_depth.setdefault(depth, {"steps": trained["steps"], "learning_rate": trained["learning_rate"],
-                                                "start_steps": trained["start_steps"][depth], "runs": {}})
-            if (first["steps"], first["learning_rate"], first["start_steps"]) != \
-                    (trained["steps"], trained["learning_rate"], trained["start_steps"][depth]):
-                raise SystemExit(f"depth {depth}: the files were trained with different steps or rates, or from "
-                                 f"different stages; score each stage on its own")
+                                                "start_steps": trained["start_steps"][depth], "whitened": whitened,
+                                                "runs": {}})
+            if (first["steps"], first["learning_rate"], first["start_steps"], first["whitened"]) != \
+                    (trained["steps"], trained["learning_rate"], trained["start_steps"][depth], whitened):
+                raise SystemExit(f"depth {depth}: the files were trained with different steps or rates, from "
+                                 f"different stages, or one whitened and one not; score each stage on its own")
             first["runs"].update(runs)
     for depth, group in sorted(by_depth.items()):
         runs = group["runs"]
@@ -252,7 +266,7 @@ def score(paths: list[pathlib.Path], results_path: pathlib.Path) -> None:
             print(f"depth {depth}, seed {seed}: " + ", ".join(f"{name} {values[-1][0]:.4g} ± {values[-1][1]:.2g}"
                                                                for name, values in rows.items()), flush=True)
         out[depth] = {"start_steps": group["start_steps"], "steps": group["steps"],
-                      "learning_rate": group["learning_rate"],
+                      "learning_rate": group["learning_rate"], "whitened": group["whitened"],
                       **{name: torch.tensor(values, dtype=torch.float64) for name, values in rows.items()},
                       "curve": {name: runs[name]["curve"] for name in names},
                       "weights": {name: runs[name]["weights"] for name in names}}
@@ -287,6 +301,8 @@ if __name__ == "__main__":
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--continued", action="store_true",
                         help="train: a later stage, each model from where the last shipped stage left it")
+    parser.add_argument("--whitened", action="store_true", help="train: Adam steps in the coordinates where each "
+                        "seed's inputs are white (memformer.train_models(whitened=True)); the same models and loss")
     parser.add_argument("--results", default=str(memformer.PRETRAINED))
     arguments = parser.parse_args()
     if set(arguments.depths) - set(DEPTHS):
@@ -297,6 +313,6 @@ if __name__ == "__main__":
         if len(arguments.paths) != 1:
             parser.error("train writes one file")
         train(arguments.steps, arguments.learning_rate, pathlib.Path(arguments.paths[0]), arguments.processes,
-              arguments.depths, tuple(arguments.starts), arguments.continued)
+              arguments.depths, tuple(arguments.starts), arguments.continued, arguments.whitened)
     else:
         score([pathlib.Path(path) for path in arguments.paths], pathlib.Path(arguments.results))

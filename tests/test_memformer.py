@@ -768,7 +768,7 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     assert third["start_steps"][3] == steps + 6
     assert torch.allclose(third["runs"][3]["one"]["curve"][:, 0], second["runs"][3]["one"]["curve"][:, -1], rtol=1e-12)
     assert not torch.equal(third["runs"][3]["one"]["weights"]["P"], second["runs"][3]["one"]["weights"]["P"])
-    with pytest.raises(SystemExit, match="from different stages; score each stage on its own"):
+    with pytest.raises(SystemExit, match="from different stages, or one whitened and one not; score each stage"):
         script.score([tmp_path / "second.pt", tmp_path / "third.pt"], results_path)
     script.score([tmp_path / "third.pt"], results_path)
     stages = torch.load(results_path, weights_only=True)["widened_heads_continued"][3]
@@ -798,6 +798,25 @@ def test_the_widened_heads_script_widens_without_changing_the_function_and_score
     assert ((0 < tails["worst share"]) & (tails["worst share"] <= 1)).all() and (tails["median ratio"] > 0).all()
     # the third stage trained the 1-head model alone, so only it is compared
     assert sorted(torch.load(results_path, weights_only=True)["stage_tails"][steps + 6]) == ["one"]
+    # a whitened stage: the same start and batches as a plain one, another path (the data are rotated); the flag is
+    # kept in the file, the stage's record and the command, and a whitened file is not scored with a plain one
+    script.train(2, 0.0005, tmp_path / "white.pt", processes=1, depths=[3], starts=("one",), continued=True,
+                 whitened=True)
+    script.train(2, 0.0005, tmp_path / "plain.pt", processes=1, depths=[3], starts=("one",), continued=True)
+    white, plain = (torch.load(tmp_path / name, weights_only=True) for name in ("white.pt", "plain.pt"))
+    assert white["whitened"] and not plain["whitened"] and white["start_steps"][3] == steps + 8
+    torch.testing.assert_close(white["runs"][3]["one"]["curve"][:, 0], plain["runs"][3]["one"]["curve"][:, 0],
+                               rtol=1e-12, atol=0)                        # the same start, in the given coordinates
+    assert not torch.allclose(white["runs"][3]["one"]["weights"]["P"], plain["runs"][3]["one"]["weights"]["P"],
+                              rtol=1e-6, atol=0)
+    with pytest.raises(SystemExit, match="one whitened and one not"):
+        script.score([tmp_path / "white.pt", tmp_path / "plain.pt"], results_path)
+    script.score([tmp_path / "white.pt"], results_path)
+    whitened = torch.load(results_path, weights_only=True)
+    assert whitened["widened_heads_continued"][3][steps + 8]["whitened"]
+    assert not whitened["widened_heads_continued"][3][steps + 6]["whitened"]
+    assert whitened["redone"][-1]["command"].endswith("--depths 3 --starts one --continued --whitened && python "
+                                                      "research/widened_heads.py score white.pt")
 
 
 @pytest.mark.parametrize("how", ["new", "split"])
