@@ -66,8 +66,11 @@ data is a plain stage on the isotropic problem, written back in the rotated coor
 ``"whitened"`` and the command that redoes it says ``--whitened``:
 
     python research/widened_heads.py train white_15.pt --steps 24000 --learning-rate 0.0005 --depths 4 \
-        --starts one five --continued --whitened
-    python research/widened_heads.py score white_15.pt
+        --starts one five --continued --whitened                                 # 2 781 s
+    python research/widened_heads.py score white_15.pt                           # 238 s
+
+and the same into ``white_16.pt`` (2 899 s, 268 s): the two shipped whitened stages from 384 000 steps (on a 2-core
+CPU about half as fast as the one that ran the stages before them).
 
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a later stage,
 ``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,
