@@ -898,11 +898,11 @@ def test_a_hostile_feedback_page_runs_no_script_in_a_browser(tmp_path):
             except Exception:  # a link hidden or leaving the page: what matters is what ran
                 pass
             page.wait_for_timeout(100)
-            if settled_owned(page, PlaywrightError) == "left the page":
+            owned = settled_owned(page, PlaywrightError)
+            if owned == "left the page":
                 page.go_back()
-                assert settled_owned(page, PlaywrightError) is None
-            else:
-                assert settled_owned(page, PlaywrightError) is None
+                owned = settled_owned(page, PlaywrightError)
+            assert owned is None
         assert page.evaluate("window.owned") is None and dialogs == []
         assert "<img src=x onerror=window.owned=14>" in page.inner_text("body")   # shown as text
         browser.close()
