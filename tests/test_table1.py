@@ -36,6 +36,16 @@ def timeless(rows):
     return [dict(row, wall_time_s=None) for row in rows]
 
 
+def level(rows, other, rel=1e-12):
+    """Whether two lists of result rows agree: the same keys and values, floats to ``rel``.  Two ways of scoring the
+    same model on the same tasks (one switched cell alone, or a whole column) may add in another order on some CPUs,
+    and a mean of 3 000 losses then differs in its last bits."""
+    return len(rows) == len(other) and all(
+        row.keys() == twin.keys() and all(value == pytest.approx(twin[key], rel=rel, abs=0)
+                                          if isinstance(value, float) else value == twin[key]
+                                          for key, value in row.items()) for row, twin in zip(rows, other))
+
+
 def test_the_paper_table_is_complete_and_consistent():
     for variant, rows in PAPER.items():
         assert sorted(rows) == list(range(1, 8))
@@ -1362,7 +1372,7 @@ def test_the_widened_candidates_script_gives_a_finished_run_the_cells_the_comman
     command = run_table1(tmp_path / "command", "quick", device="cpu", **options)
     script.main(["--base", str(tmp_path / "before"), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "new")])
     rows = load_results(tmp_path / "new")
-    assert timeless(rows) == timeless(command) != timeless(before)
+    assert level(timeless(rows), timeless(command)) and not level(timeless(command), timeless(before))
     config = json.loads((tmp_path / "new" / "results.json").read_text())["config"]
     switched = {(column, cell) for column, cell, _, _ in config["widened_rule"]["switched"]}
     assert switched and switched == {(row["column"], f"{row['variant']}-L{row['depth']}") for row in rows
@@ -1433,7 +1443,7 @@ def test_the_widened_candidates_script_retrains_full_from_the_kept_diag_as_the_c
     script.main(["--base", str(tmp_path / "before"), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "new"),
                  "--nest-from-kept"])
     rows = load_results(tmp_path / "new")
-    assert timeless(rows) == timeless(command) != timeless(before)
+    assert level(timeless(rows), timeless(command)) and not level(timeless(command), timeless(before))
     config = json.loads((tmp_path / "new" / "results.json").read_text())["config"]
     assert config["nested_from_kept"]["depths"] == [2] and config["budget"]["nest_from"] == {"1": "each",
                                                                                              "2": "selected"}
