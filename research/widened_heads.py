@@ -70,9 +70,9 @@ data is a plain stage on the isotropic problem, written back in the rotated coor
     python research/widened_heads.py score white_15.pt                           # 238 s
 
 and the same into ``white_16.pt`` (2 899 s, 268 s), ``white_17.pt`` (2 098 s and 1 648 s to train on two 2-core
-CPUs, the same models both times; about 240 s and 152 s to score), ``white_18.pt`` (1 758 s, 197 s) and
-``white_19.pt`` (1 705 s, 210 s): the five shipped whitened stages from 384 000 steps to 504 000 (on 2-core CPUs about
-half as fast as the one that ran the stages before them).
+CPUs, the same models both times; about 240 s and 152 s to score), ``white_18.pt`` (1 758 s, 197 s),
+``white_19.pt`` (1 705 s, 210 s) and ``white_20.pt`` (1 725 s, 224 s): the six shipped whitened stages from 384 000
+steps to 528 000 (on 2-core CPUs about half as fast as the one that ran the stages before them).
 
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a later stage,
 ``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,
