@@ -342,30 +342,22 @@ def test_heads_at_four_layers_whitened_after_the_plain_stages(results):
     def change(begin, name):
         return stages[begin][f"{name} - {name} (before)"][:, 0] / stages[begin][f"{name} (before)"][:, 0]
 
-    torch.testing.assert_close(change(384_000, "one"), torch.tensor([-0.0488, -0.0695, -0.0711], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(408_000, "one"), torch.tensor([-0.0186, -0.0010, -0.0069], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(384_000, "five"), torch.tensor([-0.0366, -0.0447, -0.0629], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(408_000, "five"), torch.tensor([-0.0274, -0.0115, 0.0004], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(432_000, "one"), torch.tensor([-0.0151, -0.0055, -0.0078], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(432_000, "five"), torch.tensor([-0.0243, -0.0492, -0.0219], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(456_000, "one"), torch.tensor([0.0048, -0.0058, -0.0023], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(456_000, "five"), torch.tensor([-0.0010, 0.0054, -0.0118], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(480_000, "one"), torch.tensor([-0.0041, -0.0053, 0.0040], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(480_000, "five"), torch.tensor([-0.0028, -0.0150, -0.0020], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(504_000, "one"), torch.tensor([-0.0111, -0.0034, -0.0045], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
-    torch.testing.assert_close(change(504_000, "five"), torch.tensor([-0.0113, -0.0260, -0.0061], dtype=torch.float64),
-                               rtol=0, atol=5e-4)
+    expected = {   # each stage's change per seed, as a fraction of the loss before it
+        (384_000, "one"): [-0.0488, -0.0695, -0.0711],
+        (408_000, "one"): [-0.0186, -0.0010, -0.0069],
+        (384_000, "five"): [-0.0366, -0.0447, -0.0629],
+        (408_000, "five"): [-0.0274, -0.0115, 0.0004],
+        (432_000, "one"): [-0.0151, -0.0055, -0.0078],
+        (432_000, "five"): [-0.0243, -0.0492, -0.0219],
+        (456_000, "one"): [0.0048, -0.0058, -0.0023],
+        (456_000, "five"): [-0.0010, 0.0054, -0.0118],
+        (480_000, "one"): [-0.0041, -0.0053, 0.0040],
+        (480_000, "five"): [-0.0028, -0.0150, -0.0020],
+        (504_000, "one"): [-0.0111, -0.0034, -0.0045],
+        (504_000, "five"): [-0.0113, -0.0260, -0.0061],
+    }
+    for (begin, name), values in expected.items():
+        torch.testing.assert_close(change(begin, name), torch.tensor(values, dtype=torch.float64), rtol=0, atol=5e-4)
     for begin, gap in ((432_000, [-0.0100, 0.0927, 0.0186]), (480_000, [-0.0145, 0.0942, 0.0029]),
                        (504_000, [-0.0147, 0.0694, 0.0013])):
         end = stages[begin]
