@@ -323,7 +323,7 @@ def test_heads_at_four_layers_stage_after_stage(results):
 
 def test_heads_at_four_layers_whitened_after_the_plain_stages(results):
     """Section 10, eight more stages of the 4-layer one head and 5 heads with Adam in white coordinates
-    (``research/widened_heads.py --continued --whitened``) from the plain stages' end at 384 000 steps. Pins of the
+    (``research/widened_heads.py --continued --whitened``) from the plain stages' end at 384 000 steps.  Pins of the
     shipped run: one head -4.9% to -7.1% (2.2-4.8 paired errors), then -0.1% to -1.9% and -0.55% to -1.5% (within
     1.6), then within 0.6% (0.7 errors) twice, then -0.3% to -1.1%, then +1.35%, -0.9%, +0.6%, then -2.7%, +0.8%,
     +0.3%; 5 heads -3.7% to -6.3%, then +0.04% to -2.7% and -2.2% to -4.9%, then within 1.5% (1.3 errors) twice,
