@@ -330,7 +330,7 @@ def test_heads_at_four_layers_whitened_after_the_plain_stages(results):
     1.5% (1.3 errors) twice, then -0.6% to -2.6%, then +1.8%, -0.9%, +0.4%, then -3.7%, +0.1%, -0.8%, then +1.8%,
     +0.1%, -0.8%; 5 heads - 1 head -1.0%, +9.3%, +1.9% after the third, -1.45%, +9.4%, +0.3% after the fifth, -1.5%,
     +6.9%, +0.1% after the sixth, -1.1%, +6.9%, -0.15% after the seventh, -2.2%, +6.1%, -1.3% after the eighth,
-    -1.25%, +8.3%, -1.4% at the end."""
+    -1.2%, +8.3%, -1.4% at the end."""
     stages = results["widened_heads_continued"][4]
     whitened = sorted(begin for begin, stage in stages.items() if stage.get("whitened"))
     assert whitened == list(range(384_000, 576_001, 24_000)) and max(stages) == 576_000
