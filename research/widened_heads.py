@@ -72,9 +72,9 @@ data is a plain stage on the isotropic problem, written back in the rotated coor
 and the same into ``white_16.pt`` (2 899 s, 268 s), ``white_17.pt`` (2 098 s and 1 648 s to train on two 2-core
 CPUs, the same models both times; about 240 s and 152 s to score), ``white_18.pt`` (1 758 s, 197 s),
 ``white_19.pt`` (1 705 s, 210 s), ``white_20.pt`` (1 725 s, 224 s), ``white_21.pt`` (1 456 s, 176 s),
-``white_22.pt`` (1 540 s, 161 s), ``white_23.pt`` (1 525 s, 170 s) and ``white_24.pt`` (1 399 s, 166 s): the ten
-shipped whitened stages from 384 000 steps to 624 000 (on 2-core CPUs about half as fast as the one that ran the
-stages before them).
+``white_22.pt`` (1 540 s, 161 s), ``white_23.pt`` (1 525 s, 170 s), ``white_24.pt`` (1 399 s, 166 s) and
+``white_25.pt`` (1 630 s, 180 s): the eleven shipped whitened stages from 384 000 steps to 648 000 (on 2-core CPUs
+about half as fast as the one that ran the stages before them).
 
 ``score`` writes (or replaces) ``results["widened_heads"][depth]`` for the depths in the file (for a later stage,
 ``results["widened_heads_continued"][depth][start_steps]``, which also holds the ends of the stage before,
