@@ -60,6 +60,20 @@ def test_the_paper_table_is_complete_and_consistent():
         assert PAPER_BASELINES["TunedRR"][column] <= min(PAPER_BASELINES[name][column] for name in PAPER_BASELINES)
 
 
+
+def test_paper_rounding_is_half_a_unit_of_the_digit_the_paper_prints():
+    from icl_course.table1 import paper_rounding
+    values = [value for rows in PAPER.values() for row in rows.values() for value in row]
+    values += [value for row in PAPER_BASELINES.values() for value in row]
+    for value in values:   # every cell, rounded to its own precision, is itself: the rule matches the printing
+        unit = 2 * paper_rounding(value)
+        assert value == 0 or round(value / unit) * unit == pytest.approx(value, rel=1e-9)
+    assert paper_rounding(0.002) == 5e-4 and paper_rounding(1.768) == 5e-4 and paper_rounding(0) == 0
+    assert paper_rounding(9.91e-05) == pytest.approx(5e-8) and paper_rounding(2.5e-12) == pytest.approx(5e-15)
+    with pytest.raises(ValueError, match="not negative"):
+        paper_rounding(-0.1)
+
+
 def test_tiny_table_end_to_end_then_resume_and_refuse(tmp_path):
     out = tmp_path / "run"
     rows = run_table1(out, "quick", device="cpu", figure=plot_table1, **TINY)

@@ -54,7 +54,19 @@ The package's modules, from the bottom up: :mod:`~icl_course.table1.paper` (the 
 from .budget import BUDGETS, Budget, Deepening, StackPlan, Table1Error, check_run, column_noise, plan_stack
 from .candidate import Candidate
 from .noiseless import NoiselessFit
-from .paper import BASELINES, COLUMN_IDS, COLUMNS, PAPER, PAPER_BASELINES, VARIANTS, D, N, cell_name, model_name
+from .paper import (
+    BASELINES,
+    COLUMN_IDS,
+    COLUMNS,
+    PAPER,
+    PAPER_BASELINES,
+    VARIANTS,
+    D,
+    N,
+    cell_name,
+    model_name,
+    paper_rounding,
+)
 from .report import SHIPPED, load_results, load_table1_model, markdown_table
 from .run import job_groups, merge_runs, run_in_jobs, run_table1
 from .select import keeps_widened, pick_candidate
@@ -62,7 +74,7 @@ from .training import append_layer
 
 __all__ = ["PAPER", "PAPER_BASELINES", "COLUMNS", "COLUMN_IDS", "VARIANTS", "BASELINES", "BUDGETS", "SHIPPED", "D",
            "N", "Budget", "Deepening", "NoiselessFit", "StackPlan", "Candidate", "Table1Error", "column_noise",
-           "model_name", "cell_name", "check_run", "plan_stack", "pick_candidate", "keeps_widened", "append_layer",
-           "run_table1",
+           "model_name", "cell_name", "paper_rounding", "check_run", "plan_stack", "pick_candidate", "keeps_widened",
+           "append_layer", "run_table1",
            "run_in_jobs", "job_groups", "merge_runs", "load_results", "load_table1_model", "markdown_table"]
 

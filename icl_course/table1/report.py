@@ -87,8 +87,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if any("†" in line for line in lines):
         lines += ["", "† The paper's GD++ is below its own ConstRR in this column. GD++ is linear in the labels and "
-                  "ConstRR is the best learner that is (chapter 4), so no GD++ can be there in expectation: that "
-                  "number is not a target."]
+                  "ConstRR is the best learner that is (chapter 4, section 1), so no GD++ can be there in expectation: "
+                  "that number is not a target."]
     return "\n".join(lines) + "\n"
 
 
