@@ -7,6 +7,7 @@ One module per concept, each importable on its own:
 * :mod:`icl_course.baselines`: learners of a TaskBatch: least squares, ridge, ConstRR/AdaRR/TunedRR, BayesOptimal;
 * :mod:`icl_course.optimizers`: iterative methods on tensors, with their paths: GD, CG, momentum, Newton;
 * :mod:`icl_course.theory`: closed forms;
+* :mod:`icl_course.spectra`: the eigenvalue law of ``X^T X``, exactly, and the expected losses it decides (chapter 5);
 * :mod:`icl_course.evaluate`: losses with standard errors;
 * :mod:`icl_course.train`: training with checkpoints and resumption;
 * :mod:`icl_course.sweep`, :mod:`icl_course.table1`: many models trained as one, and Table 1 of Vladymyrov et al.

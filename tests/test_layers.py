@@ -10,8 +10,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "icl_course"
 
 #: modules that compute the papers' objects
-SCIENCE = ("data", "models", "memformer", "baselines", "optimizers", "theory", "evaluate", "linalg", "checkpoints",
-           "runtime")
+SCIENCE = ("data", "models", "memformer", "baselines", "optimizers", "theory", "spectra", "evaluate", "linalg",
+           "checkpoints", "runtime")
 #: modules that train, select and score (``table1.cli`` is the command, an interface); ``mixed_noise`` scores
 #: the shipped Table 1 models for chapter 4, so it sits above ``table1``
 PIPELINES = ("train", "trainer_core", "sweep", "table1", "shipped", "mixed_noise")

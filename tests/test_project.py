@@ -49,7 +49,7 @@ def test_torch_is_never_pinned_to_a_release_that_would_replace_colabs():
 
 def public_callables():
     for module_name in ("runtime", "data", "linalg", "models", "memformer", "baselines", "optimizers", "theory",
-                        "evaluate", "mixed_noise", "train", "trainer_core", "sweep", "table1", "checkpoints",
+                        "spectra", "evaluate", "mixed_noise", "train", "trainer_core", "sweep", "table1", "checkpoints",
                         "plots", "widgets", "checks",
                         "grading.checking", "grading.protocol", "grading.stripped", "grading.untrusted",
                         "grading.safe_html",
