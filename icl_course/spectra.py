@@ -515,7 +515,7 @@ def load_optima(path=PRETRAINED) -> dict:
         raw = json.loads(Path(path).read_text())
         fits = {int(depth): {key: torch.tensor(value, dtype=torch.float64) if isinstance(value, list) else value
                              for key, value in fit.items()} for depth, fit in raw["depths"].items()}
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"{path}: not a file of GD++ Memformer fits ({error}); remake it with "
                          f"`python -m icl_course.spectra`") from None
     return {**fits, "command": raw.get("command", ""), "seconds": raw.get("seconds", float("nan"))}

@@ -177,3 +177,29 @@ def test_the_invariant_part_keeps_the_label_corner_and_drops_the_rest():
     with torch.no_grad():
         part.Q[..., 5, 5] = 0
     assert spectra.gdpp_part(part)["rest"].abs().max() < 1e-15
+
+
+def test_the_shipped_fits_are_strict_minima_of_the_exact_loss():
+    fits = spectra.load_optima()
+    assert "icl_course.spectra" in fits["command"]
+    previous = math.inf
+    for depth in (1, 2, 3, 4):
+        fit = fits[depth]
+        weights = {key: fit[key] for key in ("w_xx", "w_yx", "alpha", "gamma")}
+        loss = spectra.gdpp_memformer_loss(**weights)[-1].item()
+        assert loss == pytest.approx(fit["loss"], rel=1e-10) and loss < previous
+        previous = loss
+        check = spectra.minimum_check(**weights)
+        assert check["gradient"] < 1e-8 and check["hessian_eigenvalues"].min() > 0
+        assert loss <= spectra.best_shared_residual(depth)["loss"] * (1 + 1e-12)
+    assert fits[4]["loss"] == pytest.approx(4.75894e-6, rel=1e-5)          # the pin of the shipped run
+
+
+def test_a_corrupt_fits_file_says_what_to_do(tmp_path):
+    path = tmp_path / "fits.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="python -m icl_course.spectra"):
+        spectra.load_optima(path)
+    path.write_text('{"depths": {"1": 3}}')
+    with pytest.raises(ValueError, match="not a file of GD"):
+        spectra.load_optima(path)
