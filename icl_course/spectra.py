@@ -17,10 +17,10 @@ seen in white coordinates) an estimate ``w_hat = w - r(X^T X) w`` loses
 ``1/2 E[|r(X^T X) w|^2] = (d / 2) E[r(s)^2]``, one integral against ``rho``:
 
 * :func:`best_shared_residual`: the best ``r`` of degree ``L`` with ``r(0) = 1``, exactly.  Every method that
-  runs ``L`` steps on the context with coefficients shared by all tasks (GD with one step size per step, heavy
-  ball, Nesterov, the CGD-like Memformer with scalars, and in white coordinates every GD-form model with a
-  learned ``A_l``) has such a residual, so none can lose less; its roots are real and positive, so GD with
-  the steps ``n / root`` reaches it;
+  runs ``L`` steps on the context with scalar coefficients shared by all tasks (GD with one step size per step,
+  heavy ball, Nesterov, the CGD-like Memformer with scalars, and in white coordinates every GD-form model whose
+  ``A_l`` are multiples of ``I``) has such a residual, so none can lose less; its roots are real and positive, so GD
+  with the steps ``n / root`` reaches it;
 * :func:`gdpp_memformer_loss`: a CGD-like Memformer whose layers are GD++ steps, ``P_l = diag(p_x I, p_y)``
   and ``Q_l = diag(q_x I, 0)`` (the symmetric part of the models with every entry of ``P`` and ``Q`` trained,
   in white coordinates: :func:`gdpp_part`).  Its residual after ``L`` layers has degree ``(3^L - 1) / 2``;
@@ -214,7 +214,7 @@ def eigenvalues_above(x: float, d: int = 5, n: int = 20) -> float:
 
 
 def best_shared_residual(num_steps: int, d: int = 5, n: int = 20) -> dict:
-    """The smallest expected loss of any ``num_steps``-step method with coefficients shared by all tasks.
+    """The smallest expected loss of any ``num_steps``-step method with scalar coefficients shared by all tasks.
 
     Such a method returns ``w_hat = q(X^T X) X^T y`` for a polynomial ``q`` of degree ``num_steps - 1``, so its
     residual ``r(s) = 1 - s q(s)`` has degree ``num_steps`` and ``r(0) = 1``; on noiseless isotropic tasks its
