@@ -523,7 +523,7 @@ def load_optima(path=PRETRAINED) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Fit chapter 5's GD++ Memformers on their exact expected loss "
-                                                 "(about 20 minutes on one CPU core for depths 1-4) and write them "
+                                                 "(about 25 minutes on one CPU core for depths 1-4) and write them "
                                                  "to the package.")
     parser.add_argument("--depths", type=int, nargs="+", default=[1, 2, 3, 4], help="consecutive, from 1")
     parser.add_argument("--out", type=Path, default=PRETRAINED)
