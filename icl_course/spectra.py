@@ -45,10 +45,12 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .data import TaskBatch
 from .memformer import Memformer
 from .runtime import check_count, make_generator
 
 __all__ = ["eigenvalue_density", "density", "eigenvalue_moments", "gauss_rule", "eigenvalues_above",
+           "eigenvalue_beyond", "tasks_with_eigenvalue", "loss_density",
            "best_shared_residual", "gdpp_memformer_residuals", "gdpp_memformer_loss", "fit_gdpp_memformer",
            "minimum_check", "gdpp_memformer", "gdpp_part", "invariant_part", "deepened", "make_optima", "load_optima",
            "MAX_NODES"]
@@ -213,6 +215,47 @@ def eigenvalues_above(x: float, d: int = 5, n: int = 20) -> float:
     return d * total
 
 
+def eigenvalue_beyond(count: float, d: int = 5, n: int = 20) -> float:
+    """The ``x`` with ``eigenvalues_above(x) = count``: beyond it a sample of ``1 / count`` tasks holds one eigenvalue
+    on average (``count = 1e-6``: the edge of what a million tasks see).  Bisection to rounding."""
+    if not 0 < count < d:
+        raise ValueError(f"count must lie between 0 and d = {d} (eigenvalues per task beyond x), got {count!r}")
+    low, high = 0.0, float(n)
+    while eigenvalues_above(high, d, n) > count:
+        low, high = high, 2 * high
+    for _ in range(200):
+        middle = (low + high) / 2
+        if middle in (low, high):
+            break
+        low, high = (middle, high) if eigenvalues_above(middle, d, n) > count else (low, middle)
+    return (low + high) / 2
+
+
+def tasks_with_eigenvalue(s: float, num_tasks: int = 2_000, seed: int = 0, d: int = 5, n: int = 20) -> TaskBatch:
+    """Noiseless isotropic tasks whose largest eigenvalue of ``X^T X`` is set to ``s`` (float64, on the CPU).
+
+    ``X = U diag(sqrt(s_k)) V^T`` is drawn as usual and its largest singular value replaced by ``sqrt(s)``, so the
+    other eigenvalues and the eigenvectors keep their law; ``w``, then the queries, are drawn after ``X`` from the
+    same seeded generator, and ``y = X w``.  For looking at what a model does on rare spectra, not for averaging:
+    the batch is not a sample of the task law.  Shapes as :class:`~icl_course.data.TaskBatch`."""
+    if not s > 0:
+        raise ValueError(f"s must be a positive eigenvalue, got {s!r}")
+    check_count(num_tasks, "num_tasks")
+    check_count(d, "d")
+    check_count(n, "n")
+    if n < d:
+        raise ValueError(f"X^T X needs n >= d to have d non-zero eigenvalues; got d={d}, n={n}")
+    generator = make_generator(seed)
+    X = torch.randn(num_tasks, n, d, generator=generator, dtype=torch.float64)
+    U, singular, Vh = torch.linalg.svd(X, full_matrices=False)
+    singular[:, 0] = s ** 0.5
+    X = U @ torch.diag_embed(singular) @ Vh
+    w = torch.randn(num_tasks, d, generator=generator, dtype=torch.float64)
+    x_t = torch.randn(num_tasks, d, generator=generator, dtype=torch.float64)
+    return TaskBatch(X=X, y=(X @ w.unsqueeze(-1)).squeeze(-1), x_t=x_t, y_t=(x_t * w).sum(-1), w=w,
+                     sigma=torch.zeros(num_tasks, dtype=torch.float64))
+
+
 def best_shared_residual(num_steps: int, d: int = 5, n: int = 20) -> dict:
     """The smallest expected loss of any ``num_steps``-step method with scalar coefficients shared by all tasks.
 
@@ -300,6 +343,13 @@ def gdpp_memformer_loss(w_xx, w_yx, alpha, gamma, d: int = 5, n: int = 20) -> to
     nodes, weights = gauss_rule(d, n, max(needed, 8))
     residuals = gdpp_memformer_residuals(nodes, w_xx, w_yx, alpha, gamma, n)
     return d / 2 * (residuals**2 * weights).sum(-1)
+
+
+def loss_density(s, w_xx, w_yx, alpha, gamma, d: int = 5, n: int = 20) -> torch.Tensor:
+    """``(d/2) e_L(s)^2 rho(s)``: the expected loss after the last layer of a GD++ Memformer, spread over the
+    eigenvalue ``s`` (its integral is :func:`gdpp_memformer_loss`'s last entry).  Shapes: ``s`` any -> the same."""
+    residual = gdpp_memformer_residuals(s, w_xx, w_yx, alpha, gamma, n)[-1]
+    return d / 2 * residual**2 * density(s, d, n)
 
 
 def fit_gdpp_memformer(num_layers: int, d: int = 5, n: int = 20, restarts: int = 8, seed: int = 0,
@@ -409,6 +459,20 @@ def gdpp_memformer(w_xx, w_yx, alpha, gamma, d: int = 5, n: int = 20, num_heads:
     return model
 
 
+def _invariant_blocks(matrix: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per head, the mean diagonal of the input block and the label corner of ``P`` or ``Q`` (..., d+1, d+1): the
+    two numbers that rotations of white inputs leave of the matrix."""
+    return matrix[..., :d, :d].diagonal(dim1=-2, dim2=-1).mean(-1), matrix[..., d, d]
+
+
+def _with_blocks(inputs: torch.Tensor, label: torch.Tensor, d: int) -> torch.Tensor:
+    """``diag(inputs I, label)``, per head: (..., d+1, d+1)."""
+    matrix = torch.zeros(*inputs.shape, d + 1, d + 1, dtype=inputs.dtype, device=inputs.device)
+    matrix[..., :d, :d] = inputs[..., None, None] * torch.eye(d, dtype=inputs.dtype, device=inputs.device)
+    matrix[..., d, d] = label
+    return matrix
+
+
 def invariant_part(model: Memformer) -> Memformer:
     """The part of a full-attention Memformer that rotations of the white inputs leave alone: in every head,
     ``P = diag(p_x I, p_y)`` and ``Q = diag(q_x I, q_y)`` with ``p_x, q_x`` the mean diagonal of the input blocks and
@@ -420,11 +484,7 @@ def invariant_part(model: Memformer) -> Memformer:
     part = copy.deepcopy(model)
     with torch.no_grad():
         for matrix in (part.P, part.Q):
-            inputs = matrix[..., :d, :d].diagonal(dim1=-2, dim2=-1).mean(-1)
-            label = matrix[..., d, d].clone()
-            matrix.zero_()
-            matrix[..., :d, :d] = inputs[..., None, None] * torch.eye(d, dtype=matrix.dtype, device=matrix.device)
-            matrix[..., d, d] = label
+            matrix.copy_(_with_blocks(*_invariant_blocks(matrix, d), d))
     return part
 
 
@@ -443,14 +503,8 @@ def gdpp_part(model: Memformer) -> dict:
         raise ValueError("gdpp_part reads a Memformer with attention='full' and memory='cgd'")
     d = model.d
     P, Q = (weight.detach().to(torch.float64) for weight in model.attention_matrices())    # (L, H, D, D)
-    p_x = P[..., :d, :d].diagonal(dim1=-2, dim2=-1).mean(-1)
-    q_x = Q[..., :d, :d].diagonal(dim1=-2, dim2=-1).mean(-1)
-    p_y = P[..., d, d]
-    symmetric_P, symmetric_Q = torch.zeros_like(P), torch.zeros_like(Q)
-    eye = torch.eye(d, dtype=torch.float64)
-    symmetric_P[..., :d, :d] = p_x[..., None, None] * eye
-    symmetric_P[..., d, d] = p_y
-    symmetric_Q[..., :d, :d] = q_x[..., None, None] * eye
+    (p_x, p_y), (q_x, _) = _invariant_blocks(P, d), _invariant_blocks(Q, d)
+    symmetric_P, symmetric_Q = _with_blocks(p_x, p_y, d), _with_blocks(q_x, torch.zeros_like(q_x), d)
 
     def operator(first, second):   # sum_k P_k (x) Q_k: G -> sum_k P_k G Q_k as a tensor, (L, D, D, D, D)
         return torch.einsum("lhij,lhkm->lijkm", first, second)

@@ -78,7 +78,11 @@ def train(out: pathlib.Path, depth: int, steps: int, learning_rate: float, proce
 
 
 def score(path: pathlib.Path, num_tasks: int) -> None:
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file; give the file that `train` wrote")
     record = torch.load(path, map_location="cpu", weights_only=True)
+    if "runs" not in record or "depth" not in record:
+        raise SystemExit(f"{path}: not a file of this script's `train`")
     depth = record["depth"]
     fit = spectra.load_optima()[depth]
     models = {"optimum": spectra.gdpp_memformer(fit["w_xx"], fit["w_yx"], fit["alpha"], fit["gamma"])}

@@ -203,3 +203,33 @@ def test_a_corrupt_fits_file_says_what_to_do(tmp_path):
     path.write_text('{"depths": {"1": 3}}')
     with pytest.raises(ValueError, match="not a file of GD"):
         spectra.load_optima(path)
+
+
+def test_eigenvalue_beyond_inverts_the_tail_count():
+    for count in (1e-2, 1e-6, 1 / 3.24e8):
+        x = spectra.eigenvalue_beyond(count)
+        assert spectra.eigenvalues_above(x) == pytest.approx(count, rel=1e-9)
+    assert 83 < spectra.eigenvalue_beyond(1e-6) < 83.2          # what a million tasks see, at d = 5, n = 20
+    with pytest.raises(ValueError, match="between 0 and d"):
+        spectra.eigenvalue_beyond(0)
+
+
+def test_tasks_with_eigenvalue_have_it_and_keep_the_rest():
+    batch = spectra.tasks_with_eigenvalue(150.0, num_tasks=50, seed=3)
+    eigenvalues = torch.linalg.eigvalsh(batch.Sigma)
+    assert torch.allclose(eigenvalues[:, -1], torch.full((50,), 150.0, dtype=torch.float64), rtol=1e-12)
+    assert (eigenvalues[:, -2] < 100).all()                       # the others as drawn
+    assert torch.allclose(batch.y, (batch.X @ batch.w.unsqueeze(-1)).squeeze(-1)) and (batch.sigma == 0).all()
+    assert torch.allclose(batch.y_t, (batch.x_t * batch.w).sum(-1))
+    again = spectra.tasks_with_eigenvalue(150.0, num_tasks=50, seed=3)
+    assert torch.equal(again.X, batch.X) and torch.equal(again.w, batch.w)
+    with pytest.raises(ValueError, match="positive"):
+        spectra.tasks_with_eigenvalue(-1.0)
+
+
+def test_the_loss_density_integrates_to_the_exact_loss():
+    w_xx, w_yx = torch.tensor([-0.3, -1.4], dtype=torch.float64), torch.tensor([-0.4, -3.0], dtype=torch.float64)
+    alpha, gamma = torch.ones(2, dtype=torch.float64), torch.tensor([0.0, 0.1], dtype=torch.float64)
+    s = torch.linspace(0, 600, 600_001, dtype=torch.float64)
+    integral = torch.trapezoid(spectra.loss_density(s, w_xx, w_yx, alpha, gamma), s).item()
+    assert integral == pytest.approx(spectra.gdpp_memformer_loss(w_xx, w_yx, alpha, gamma)[-1].item(), rel=1e-6)
